@@ -1,0 +1,247 @@
+// Package redistest gives tests a Redis to talk to: the embedded miniredis,
+// a real redis-server process the test owns (so it may stop and restart it),
+// or a logical database of the shared real server that .ci/run starts and
+// names in FAREGATE_TEST_REDIS_URL.
+//
+// Without a real Redis a test that needs one is skipped on a developer's
+// machine and fails when CI=true, so CI can never pass by skipping.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// EnvURL names the shared real Redis that .ci/run starts for the test run.
+const EnvURL = "FAREGATE_TEST_REDIS_URL"
+
+// EnvServer may name the redis-server binary; otherwise PATH is searched.
+const EnvServer = "FAREGATE_TEST_REDIS_SERVER"
+
+// Backend is one Redis a conformance test runs against.
+type Backend struct {
+	Name   string
+	Client *redis.Client
+	URL    string
+	// Mini is set for the embedded backend so tests can move its clock.
+	Mini *miniredis.Miniredis
+}
+
+// Mini starts an embedded miniredis for the test.
+func Mini(t testing.TB) Backend {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return Backend{Name: "miniredis", Client: c, URL: "redis://" + m.Addr(), Mini: m}
+}
+
+// Real returns a real Redis for the test: a private logical database of the
+// shared server named by FAREGATE_TEST_REDIS_URL, or else a private
+// redis-server process. It skips (fails in CI) when neither is available.
+func Real(t testing.TB) Backend {
+	t.Helper()
+	if u := os.Getenv(EnvURL); u != "" {
+		return sharedDB(t, u)
+	}
+	s := Start(t)
+	return Backend{Name: "redis", Client: s.Client(t), URL: s.URL()}
+}
+
+// Both returns the embedded and the real backend, for conformance suites.
+// The real one is left out (or fails the test in CI) when unavailable.
+func Both(t *testing.T) []Backend {
+	t.Helper()
+	out := []Backend{Mini(t)}
+	if Available() {
+		out = append(out, Real(t))
+	} else {
+		Require(t)
+	}
+	return out
+}
+
+// Available reports whether a real Redis can be had.
+func Available() bool {
+	if os.Getenv(EnvURL) != "" {
+		return true
+	}
+	_, err := serverBinary()
+	return err == nil
+}
+
+// Require skips the test, or fails it under CI=true, when no real Redis can be had.
+func Require(t testing.TB) {
+	t.Helper()
+	if Available() {
+		return
+	}
+	msg := "no real Redis: install redis-server or set " + EnvURL
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+func serverBinary() (string, error) {
+	if p := os.Getenv(EnvServer); p != "" {
+		return p, nil
+	}
+	return exec.LookPath("redis-server")
+}
+
+// sharedDB claims one of databases 1..15 of the shared server for the test,
+// so packages running in parallel never see each other's keys. The claim is
+// a lock key in database 0, released (after FLUSHDB) when the test ends.
+func sharedDB(t testing.TB, raw string) Backend {
+	t.Helper()
+	opt, err := redis.ParseURL(raw)
+	if err != nil {
+		t.Fatalf("%s: %v", EnvURL, err)
+	}
+	ctx := context.Background()
+	ctl := redis.NewClient(&redis.Options{Addr: opt.Addr, Password: opt.Password, DB: 0})
+	defer ctl.Close()
+	token := fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano())
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		for db := 1; db <= 15; db++ {
+			lock := "faregate-test:lock:" + strconv.Itoa(db)
+			ok, err := ctl.SetNX(ctx, lock, token, 10*time.Minute).Result()
+			if err != nil {
+				t.Fatalf("shared redis %s: %v", opt.Addr, err)
+			}
+			if !ok {
+				continue
+			}
+			c := redis.NewClient(&redis.Options{Addr: opt.Addr, Password: opt.Password, DB: db})
+			if err := c.FlushDB(ctx).Err(); err != nil {
+				t.Fatalf("flushdb: %v", err)
+			}
+			t.Cleanup(func() {
+				_ = c.FlushDB(context.Background()).Err()
+				_ = c.Close()
+				rel := redis.NewClient(&redis.Options{Addr: opt.Addr, Password: opt.Password})
+				defer rel.Close()
+				_ = rel.Del(context.Background(), lock).Err()
+			})
+			u := url.URL{Scheme: "redis", Host: opt.Addr, Path: "/" + strconv.Itoa(db)}
+			if opt.Password != "" {
+				u.User = url.UserPassword("", opt.Password)
+			}
+			return Backend{Name: "redis", Client: c, URL: u.String()}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no free database on the shared test Redis")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Server is a redis-server process owned by one test. Stop and Start keep
+// the same port, so clients configured with its URL reconnect by themselves.
+type Server struct {
+	bin  string
+	port int
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start launches a private redis-server on a free loopback port; it is
+// killed when the test ends. Skips (fails in CI) without the binary.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := serverBinary()
+	if err != nil {
+		msg := "redis-server not found: install it (apt-get install redis-server) or set " + EnvServer
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	s := &Server{bin: bin, port: freePort(t)}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// URL is the redis:// address of the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Addr is host:port of the server.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Client returns a client closed at the end of the test.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Start (re)launches the process on the server's port and waits until it answers PING.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return nil
+	}
+	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c.Ping(context.Background()).Err() == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			s.cmd = nil
+			return fmt.Errorf("redistest: redis-server on port %d exited at start", s.port)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("redistest: redis-server on port %d did not answer", s.port)
+}
+
+// Stop kills the process (only this test's own) and waits for it to exit.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
