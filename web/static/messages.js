@@ -1,0 +1,382 @@
+// Every sentence a visitor reads, in English and Simplified Chinese, plus
+// the few formatters whose output depends on the language (waiting times,
+// durations). Error codes and warning codes map to text only here, so a new
+// server code needs nothing but two table entries.
+//
+// The tables are written as strict JSON (double quotes, no trailing commas,
+// no comments inside) because web_test.go parses them to prove that both
+// languages have the same keys and that every server code has a message.
+// Keep the "// end of tables" marker right after the closing brace.
+export const TABLES = {
+  "en": {
+    "page.title": "Trip planner demo — faregate",
+    "skip": "Skip to the form",
+    "app.heading": "Plan a short trip",
+    "app.tagline": "Try the travel planner: say where and for how long, then watch it work step by step. Every visitor gets a few free plans per day.",
+    "lang.label": "Language",
+    "lang.name.en": "English",
+    "lang.name.zh-CN": "简体中文",
+    "banner.dev": "Development mode: this server runs on embedded defaults (in-process storage and test settings). It is not set up for production use.",
+    "banner.turnstile_test": "Development mode: the human check is simulated with Cloudflare's test token, so no Turnstile widget is loaded.",
+    "banner.offline": "Plans come from the built-in deterministic demo planner, not from a language model.",
+    "banner.model_degraded": "The planner's model is having trouble; plans may be slower or written by a backup model.",
+    "banner.model_unavailable": "The planner's model is unavailable right now, so new plans will probably be refused. Please come back later.",
+    "form.heading": "Your trip",
+    "form.destination.label": "Destination",
+    "form.destination.hint": "A city or region, 1 to {max} characters.",
+    "form.days.label": "Number of days",
+    "form.days.hint": "A whole number from {min} to {max}.",
+    "form.interests.legend": "Interests (optional)",
+    "form.interests.hint": "Pick up to {max}, or add your own (each up to {len} characters).",
+    "form.interests.count": "{n} of {max} selected",
+    "form.interests.custom.label": "Add your own interest",
+    "form.interests.add": "Add",
+    "interest.food": "Food",
+    "interest.history": "History",
+    "interest.art": "Art",
+    "interest.nature": "Nature",
+    "interest.architecture": "Architecture",
+    "interest.museums": "Museums",
+    "interest.nightlife": "Nightlife",
+    "interest.shopping": "Shopping",
+    "form.check.heading": "Human check",
+    "form.check.test": "Skipped in development mode: the test token is sent instead.",
+    "form.check.needed": "Complete the human check; the button turns on once it has passed.",
+    "form.check.passed": "Check passed. You can send the form.",
+    "form.submit": "Plan my trip",
+    "form.submitting": "Sending…",
+    "field.destination": "Enter a destination of 1 to {max} characters.",
+    "field.days": "Enter a whole number of days from {min} to {max}.",
+    "field.interests": "Choose at most {max} interests, each 1 to {len} characters.",
+    "field.interests_max": "You can choose at most {max} interests. Deselect one first.",
+    "field.interest_length": "An interest must be 1 to {len} characters.",
+    "status.loading_config": "Loading…",
+    "status.sending": "Sending your request…",
+    "status.accepted": "Request accepted. Your plan is being prepared; progress appears below.",
+    "status.loading_task": "Loading the saved plan…",
+    "status.following": "Following the progress of this plan…",
+    "status.polling": "The live connection dropped; checking for updates every few seconds.",
+    "status.done": "Your plan is ready.",
+    "ref": "Reference: {id}",
+    "retry.in": "Try again in {rel}.",
+    "retry.in_at": "Try again in {rel}, at {at} UTC.",
+    "time.s": "{s} s",
+    "time.min": "{m} min",
+    "time.h": "{h} h",
+    "time.h_min": "{h} h {m} min",
+    "duration.ms": "{n} ms",
+    "duration.s": "{n} s",
+    "err.invalid_request": "Some of the trip details are not valid.",
+    "err.invalid_request.next": "Correct the highlighted fields and send again.",
+    "err.turnstile_failed": "The human check did not pass.",
+    "err.turnstile_failed.next": "Complete the check again and resend. If it keeps failing, reload the page.",
+    "err.task_not_found": "This plan could not be found.",
+    "err.task_not_found.next": "The link may be mistyped or the plan has expired. Start a new plan with the form.",
+    "err.request_too_large": "The request is too large.",
+    "err.request_too_large.next": "Shorten the destination or the interests and send again.",
+    "err.unsupported_media_type": "The browser sent the request in a format the server does not accept.",
+    "err.unsupported_media_type.next": "Reload the page and try again.",
+    "err.demo_ip_limit_reached": "You have used all your free plans for today.",
+    "err.demo_ip_limit_reached.next": "Your allowance renews at midnight UTC.",
+    "err.demo_global_limit_reached": "The demo has reached its limit of plans for today.",
+    "err.demo_global_limit_reached.next": "Everyone's allowance renews at midnight UTC.",
+    "err.demo_budget_exhausted": "The demo has used up today's model budget.",
+    "err.demo_budget_exhausted.next": "The budget renews at midnight UTC.",
+    "err.internal_error": "Something went wrong on our side.",
+    "err.internal_error.next": "Try again in a moment. If it keeps happening, quote the reference below.",
+    "err.demo_protection_unavailable": "The abuse protection is briefly unavailable, so no new plan can start.",
+    "err.demo_protection_unavailable.next": "Nothing was counted. Wait a few seconds and send again.",
+    "err.model_unavailable": "The planner's model is not answering right now.",
+    "err.model_unavailable.next": "Try again in a few minutes.",
+    "err.aitf_queue_full": "Too many people are trying at once.",
+    "err.aitf_queue_full.next": "Wait a few seconds and send again.",
+    "err.too_many_attempts": "Too many attempts in a short time.",
+    "err.too_many_attempts.next": "Wait a moment before you send again.",
+    "err.agent_failed": "The planner could not finish this plan.",
+    "err.agent_failed.next": "Try again, perhaps with a simpler request. This attempt still counts toward today's plans.",
+    "err.network": "The server could not be reached.",
+    "err.network.next": "Check your internet connection and try again.",
+    "err.unknown": "Something unexpected went wrong.",
+    "err.unknown.next": "Try again in a moment, or reload the page.",
+    "err.config": "The page could not load its settings.",
+    "err.config.next": "Reload the page in a moment.",
+    "err.turnstile_load": "The human check could not load.",
+    "err.turnstile_load.next": "Allow challenges.cloudflare.com in your content blocker or try another network, then reload the page.",
+    "err.turnstile_widget": "The human check ran into a problem.",
+    "err.turnstile_widget.next": "Wait for it to retry, or reload the page.",
+    "task.heading": "Your plan",
+    "task.heading_for": "Your plan for {destination}",
+    "task.status.queued": "Status: waiting to start",
+    "task.status.running": "Status: working",
+    "task.status.succeeded": "Status: finished",
+    "task.status.failed": "Status: failed",
+    "task.status.unknown": "Status: unknown",
+    "task.quota": "Plans left today: {ip} for you, {global} for the whole site.",
+    "task.steps.heading": "Progress",
+    "task.steps.empty": "Waiting for the first step…",
+    "step.kind.model": "Model",
+    "step.kind.tool": "Tool",
+    "step.kind.unknown": "Step",
+    "step.status.started": "running…",
+    "step.status.ok": "done",
+    "step.status.failed": "failed",
+    "step.status.cached": "from cache",
+    "step.status.unknown": "unknown",
+    "task.result.heading": "Itinerary",
+    "task.day": "Day {n}",
+    "task.day_title": "Day {n}: {title}",
+    "task.warnings.heading": "Please note",
+    "task.model": "Written by the model {model}.",
+    "task.model_offline": "Written by {model}, the built-in demo planner (not a language model).",
+    "task.usage": "Tokens used: {prompt} in, {completion} out.",
+    "warn.weather_unavailable": "Live weather was unavailable, so the plan uses seasonal norms.",
+    "warn.search_unavailable": "The travel guide search was unavailable, so the plan relies on general knowledge.",
+    "warn.fetch_failed": "Some pages could not be fetched, so a few details may be less specific.",
+    "warn.downstream_pushback": "A data source asked us to slow down, so some live details were skipped.",
+    "warn.budget_exhausted": "The token budget ran out, so the plan was finished early and may be shorter.",
+    "warn.output_truncated": "The answer reached its length limit and was cut short.",
+    "warn.output_loop": "The model started repeating itself, so the answer was stopped early.",
+    "warn.step_limit": "The planner reached its step limit and finished with what it had.",
+    "warn.tool_limit": "The planner reached its limit of lookups, so some details could not be checked.",
+    "warn.time_limit": "The planner ran out of time and finished with what it had.",
+    "warn.tool_loop": "The planner kept repeating the same lookup, so it was stopped and the plan finished without it.",
+    "warn.low_precision": "Some details are approximate; check opening hours and prices before you go.",
+    "warn.fallback_model": "The main model was unavailable, so a backup model wrote this plan.",
+    "warn.unknown": "Something limited this plan, so some details may be incomplete."
+  },
+  "zh-CN": {
+    "page.title": "旅行规划演示 — faregate",
+    "skip": "跳到表单",
+    "app.heading": "规划一次短途旅行",
+    "app.tagline": "试用旅行规划助手：告诉它目的地和天数，然后一步步看它工作。每位访客每天有几次免费规划。",
+    "lang.label": "语言",
+    "lang.name.en": "English",
+    "lang.name.zh-CN": "简体中文",
+    "banner.dev": "开发模式：此服务器使用内置默认配置（进程内存储和测试设置），不适用于生产环境。",
+    "banner.turnstile_test": "开发模式：人机验证使用 Cloudflare 的测试令牌模拟，因此不会加载 Turnstile 组件。",
+    "banner.offline": "行程由内置的确定性演示规划器生成，而不是由语言模型生成。",
+    "banner.model_degraded": "规划器的模型目前运行不稳定；生成可能较慢，或由备用模型完成。",
+    "banner.model_unavailable": "规划器的模型目前不可用，新的规划很可能会被拒绝。请稍后再来。",
+    "form.heading": "你的旅行",
+    "form.destination.label": "目的地",
+    "form.destination.hint": "城市或地区，1 到 {max} 个字符。",
+    "form.days.label": "天数",
+    "form.days.hint": "{min} 到 {max} 之间的整数。",
+    "form.interests.legend": "兴趣（可选）",
+    "form.interests.hint": "最多选择 {max} 项，也可以自行添加（每项最多 {len} 个字符）。",
+    "form.interests.count": "已选择 {n} / {max} 项",
+    "form.interests.custom.label": "添加自定义兴趣",
+    "form.interests.add": "添加",
+    "interest.food": "美食",
+    "interest.history": "历史",
+    "interest.art": "艺术",
+    "interest.nature": "自然",
+    "interest.architecture": "建筑",
+    "interest.museums": "博物馆",
+    "interest.nightlife": "夜生活",
+    "interest.shopping": "购物",
+    "form.check.heading": "人机验证",
+    "form.check.test": "开发模式下已跳过：将改为发送测试令牌。",
+    "form.check.needed": "请完成人机验证；通过后按钮即可使用。",
+    "form.check.passed": "验证已通过，可以提交表单。",
+    "form.submit": "规划我的旅行",
+    "form.submitting": "正在发送…",
+    "field.destination": "请输入 1 到 {max} 个字符的目的地。",
+    "field.days": "请输入 {min} 到 {max} 之间的整数天数。",
+    "field.interests": "最多选择 {max} 项兴趣，每项 1 到 {len} 个字符。",
+    "field.interests_max": "最多只能选择 {max} 项兴趣，请先取消一项。",
+    "field.interest_length": "兴趣必须为 1 到 {len} 个字符。",
+    "status.loading_config": "正在加载…",
+    "status.sending": "正在发送你的请求…",
+    "status.accepted": "请求已受理，正在生成行程；进度显示在下方。",
+    "status.loading_task": "正在加载已保存的行程…",
+    "status.following": "正在跟踪此行程的进度…",
+    "status.polling": "实时连接已断开；将每隔几秒检查一次更新。",
+    "status.done": "你的行程已生成。",
+    "ref": "参考编号：{id}",
+    "retry.in": "请在 {rel}后重试。",
+    "retry.in_at": "请在 {rel}后（UTC 时间 {at}）重试。",
+    "time.s": "{s} 秒",
+    "time.min": "{m} 分钟",
+    "time.h": "{h} 小时",
+    "time.h_min": "{h} 小时 {m} 分钟",
+    "duration.ms": "{n} 毫秒",
+    "duration.s": "{n} 秒",
+    "err.invalid_request": "部分旅行信息无效。",
+    "err.invalid_request.next": "请更正标出的字段后重新发送。",
+    "err.turnstile_failed": "人机验证未通过。",
+    "err.turnstile_failed.next": "请重新完成验证后再发送。如果一直失败，请刷新页面。",
+    "err.task_not_found": "找不到这个行程。",
+    "err.task_not_found.next": "链接可能有误，或行程已过期。请用表单开始新的规划。",
+    "err.request_too_large": "请求内容过大。",
+    "err.request_too_large.next": "请缩短目的地或兴趣后重新发送。",
+    "err.unsupported_media_type": "浏览器发送的请求格式不被服务器接受。",
+    "err.unsupported_media_type.next": "请刷新页面后重试。",
+    "err.demo_ip_limit_reached": "你今天的免费规划次数已用完。",
+    "err.demo_ip_limit_reached.next": "次数将在 UTC 午夜重置。",
+    "err.demo_global_limit_reached": "本演示今天的规划总次数已达上限。",
+    "err.demo_global_limit_reached.next": "所有人的次数将在 UTC 午夜重置。",
+    "err.demo_budget_exhausted": "本演示今天的模型预算已用完。",
+    "err.demo_budget_exhausted.next": "预算将在 UTC 午夜重置。",
+    "err.internal_error": "服务器端出现了问题。",
+    "err.internal_error.next": "请稍后重试。如果问题持续，请提供下方的参考编号。",
+    "err.demo_protection_unavailable": "防滥用保护暂时不可用，因此无法开始新的规划。",
+    "err.demo_protection_unavailable.next": "本次没有计入次数。请等几秒后重新发送。",
+    "err.model_unavailable": "规划器的模型目前没有响应。",
+    "err.model_unavailable.next": "请几分钟后再试。",
+    "err.aitf_queue_full": "同时尝试的人太多了。",
+    "err.aitf_queue_full.next": "请等几秒后重新发送。",
+    "err.too_many_attempts": "短时间内尝试次数过多。",
+    "err.too_many_attempts.next": "请稍等片刻再发送。",
+    "err.agent_failed": "规划器未能完成这个行程。",
+    "err.agent_failed.next": "请重试，或换一个更简单的请求。本次尝试仍计入今天的次数。",
+    "err.network": "无法连接到服务器。",
+    "err.network.next": "请检查网络连接后重试。",
+    "err.unknown": "发生了意外错误。",
+    "err.unknown.next": "请稍后重试，或刷新页面。",
+    "err.config": "页面无法加载设置。",
+    "err.config.next": "请稍后刷新页面。",
+    "err.turnstile_load": "人机验证无法加载。",
+    "err.turnstile_load.next": "请在内容拦截器中允许 challenges.cloudflare.com，或换一个网络，然后刷新页面。",
+    "err.turnstile_widget": "人机验证出现问题。",
+    "err.turnstile_widget.next": "请等待它自动重试，或刷新页面。",
+    "task.heading": "你的行程",
+    "task.heading_for": "{destination} 行程",
+    "task.status.queued": "状态：等待开始",
+    "task.status.running": "状态：进行中",
+    "task.status.succeeded": "状态：已完成",
+    "task.status.failed": "状态：失败",
+    "task.status.unknown": "状态：未知",
+    "task.quota": "今日剩余规划次数：你还有 {ip} 次，全站还有 {global} 次。",
+    "task.steps.heading": "进度",
+    "task.steps.empty": "正在等待第一步…",
+    "step.kind.model": "模型",
+    "step.kind.tool": "工具",
+    "step.kind.unknown": "步骤",
+    "step.status.started": "进行中…",
+    "step.status.ok": "完成",
+    "step.status.failed": "失败",
+    "step.status.cached": "来自缓存",
+    "step.status.unknown": "未知",
+    "task.result.heading": "行程安排",
+    "task.day": "第 {n} 天",
+    "task.day_title": "第 {n} 天：{title}",
+    "task.warnings.heading": "请注意",
+    "task.model": "由模型 {model} 生成。",
+    "task.model_offline": "由内置演示规划器 {model} 生成（不是语言模型）。",
+    "task.usage": "使用的令牌：输入 {prompt}，输出 {completion}。",
+    "warn.weather_unavailable": "无法获取实时天气，因此行程按当季的常见天气安排。",
+    "warn.search_unavailable": "旅行指南搜索不可用，因此行程基于一般常识。",
+    "warn.fetch_failed": "部分网页无法获取，因此个别细节可能不够具体。",
+    "warn.downstream_pushback": "某个数据源要求我们放慢速度，因此跳过了部分实时信息。",
+    "warn.budget_exhausted": "令牌预算已用完，因此行程提前结束，内容可能较短。",
+    "warn.output_truncated": "回答达到长度上限，已被截断。",
+    "warn.output_loop": "模型开始重复内容，因此回答被提前终止。",
+    "warn.step_limit": "规划器达到步骤上限，已根据现有信息完成行程。",
+    "warn.tool_limit": "规划器达到查询次数上限，因此部分细节未能核实。",
+    "warn.time_limit": "规划器用完了时间，已根据现有信息完成行程。",
+    "warn.tool_loop": "规划器反复进行同一个查询，因此该查询被停止，行程在没有它的情况下完成。",
+    "warn.low_precision": "部分细节只是大致信息；出发前请核实开放时间和价格。",
+    "warn.fallback_model": "主模型不可用，因此本行程由备用模型生成。",
+    "warn.unknown": "本行程受到某些限制，部分细节可能不完整。"
+  }
+};
+// end of tables
+
+/** Languages the page offers, in the order of the switch. */
+export const LANGS = ['en', 'zh-CN'];
+
+// Codes reach the tables as parts of keys; anything else (a hostile or
+// garbled server answer) falls back to the generic text.
+const CODE = /^[a-z0-9_]{1,64}$/;
+
+/**
+ * pickLanguage returns the stored choice when it is one we offer, otherwise
+ * the first browser language we can serve (any Chinese variant gets
+ * Simplified Chinese: closer than English for most readers), else English.
+ */
+export function pickLanguage(stored, preferred) {
+  if (LANGS.includes(stored)) return stored;
+  for (const tag of preferred || []) {
+    const low = String(tag).toLowerCase();
+    if (low === 'zh' || low.startsWith('zh-')) return 'zh-CN';
+    if (low === 'en' || low.startsWith('en-')) return 'en';
+  }
+  return 'en';
+}
+
+/** translate looks key up in lang's table (English as a fallback) and fills {name} slots from params. */
+export function translate(lang, key, params) {
+  const table = TABLES[lang] || TABLES.en;
+  let text = Object.hasOwn(table, key) ? table[key] : TABLES.en[key];
+  if (text === undefined) text = key;
+  if (!params) return text;
+  return text.replace(/\{(\w+)\}/g, (slot, name) => (Object.hasOwn(params, name) ? String(params[name]) : slot));
+}
+
+/** hasKey reports whether key exists; both tables share their keys, so English decides. */
+export function hasKey(key) {
+  return Object.hasOwn(TABLES.en, key);
+}
+
+/** errorKey returns the table key prefix for an error code: "err.<code>" or "err.unknown". */
+export function errorKey(code) {
+  const key = 'err.' + code;
+  return CODE.test(String(code)) && hasKey(key) && hasKey(key + '.next') ? key : 'err.unknown';
+}
+
+/** warningKey returns the table key for a result warning code, or the generic one. */
+export function warningKey(code) {
+  const key = 'warn.' + code;
+  return CODE.test(String(code)) && hasKey(key) ? key : 'warn.unknown';
+}
+
+/**
+ * formatWait turns seconds into "5 h 12 min", "12 min" or "5 s". Minutes
+ * round up so the page never tells a visitor to come back too early.
+ */
+export function formatWait(lang, seconds) {
+  const s = Math.max(0, Math.ceil(Number(seconds) || 0));
+  if (s < 60) return translate(lang, 'time.s', { s });
+  const total = Math.ceil(s / 60);
+  if (total < 60) return translate(lang, 'time.min', { m: total });
+  const h = Math.floor(total / 60);
+  const m = total % 60;
+  return m === 0 ? translate(lang, 'time.h', { h }) : translate(lang, 'time.h_min', { h, m });
+}
+
+/** utcClock formats a moment as HH:MM in UTC, rounded to the nearest minute. */
+export function utcClock(ms) {
+  const d = new Date(Math.round(ms / 60000) * 60000);
+  const pad = (n) => String(n).padStart(2, '0');
+  return pad(d.getUTCHours()) + ':' + pad(d.getUTCMinutes());
+}
+
+// Waits this long or longer also get a wall-clock time: "in 5 h 12 min"
+// alone makes the visitor do arithmetic, and daily limits end at a fixed hour.
+const CLOCK_FROM_SECONDS = 600;
+
+/** retryText renders a Retry-After wait measured from now (ms since the epoch). */
+export function retryText(lang, seconds, now) {
+  if (!Number.isFinite(seconds) || seconds < 0) return '';
+  const rel = formatWait(lang, seconds);
+  if (seconds < CLOCK_FROM_SECONDS) return translate(lang, 'retry.in', { rel });
+  return translate(lang, 'retry.in_at', { rel, at: utcClock(now + seconds * 1000) });
+}
+
+/** parseRetryAfter reads a Retry-After header (seconds or an HTTP date) into seconds, or null. */
+export function parseRetryAfter(header, now) {
+  if (header == null) return null;
+  const value = String(header).trim();
+  if (/^\d{1,10}$/.test(value)) return Number(value);
+  const date = Date.parse(value);
+  if (Number.isNaN(date)) return null;
+  return Math.max(0, Math.ceil((date - now) / 1000));
+}
+
+/** durationKey picks the key and slots for a step duration in milliseconds. */
+export function durationKey(ms) {
+  const n = Math.max(0, Math.round(Number(ms)));
+  if (n < 1000) return ['duration.ms', { n }];
+  return ['duration.s', { n: (n / 1000).toFixed(n < 10000 ? 1 : 0) }];
+}

@@ -1,0 +1,90 @@
+// Client-side checks that mirror the server's, so most mistakes are caught
+// without spending a Turnstile token. The server stays the authority: these
+// rules only spare a round trip.
+
+/** DEFAULT_LIMITS are the contract's limits, used until /api/config says otherwise. */
+export const DEFAULT_LIMITS = Object.freeze({
+  destination_max: 80,
+  days_min: 1,
+  days_max: 7,
+  interests_max: 5,
+  interest_max: 32,
+});
+
+/** limitsFrom merges the "input" object of /api/config over the defaults, keeping only sane integers. */
+export function limitsFrom(input) {
+  const out = { ...DEFAULT_LIMITS };
+  if (!input || typeof input !== 'object') return out;
+  for (const name of Object.keys(DEFAULT_LIMITS)) {
+    const v = input[name];
+    if (Number.isInteger(v) && v >= 0 && v <= 100000) out[name] = v;
+  }
+  if (out.days_min > out.days_max) {
+    out.days_min = DEFAULT_LIMITS.days_min;
+    out.days_max = DEFAULT_LIMITS.days_max;
+  }
+  return out;
+}
+
+/** codePoints counts Unicode code points, as the server does (String.length counts UTF-16 units). */
+export function codePoints(s) {
+  return [...s].length;
+}
+
+/** interestError returns the field error for one interest, or null when it is acceptable. */
+export function interestError(text, limits) {
+  const n = codePoints(String(text).trim());
+  if (n < 1 || n > limits.interest_max) {
+    return { key: 'field.interest_length', params: { len: limits.interest_max } };
+  }
+  return null;
+}
+
+/**
+ * validateTask checks raw form values. It returns the cleaned request body
+ * (trimmed strings, a number of days) and a map field → {key, params} of
+ * message-table entries, empty when the request may be sent.
+ */
+export function validateTask(raw, limits) {
+  const errors = {};
+  const destination = String(raw.destination ?? '').trim();
+  const dn = codePoints(destination);
+  if (dn < 1 || dn > limits.destination_max) {
+    errors.destination = { key: 'field.destination', params: { max: limits.destination_max } };
+  }
+
+  // type="number" inputs hand over "" for anything unparsable, so the
+  // pattern also rejects "2.5", "1e1" and blanks.
+  const daysText = String(raw.days ?? '').trim();
+  const days = /^\d{1,3}$/.test(daysText) ? Number(daysText) : NaN;
+  if (!Number.isInteger(days) || days < limits.days_min || days > limits.days_max) {
+    errors.days = { key: 'field.days', params: { min: limits.days_min, max: limits.days_max } };
+  }
+
+  const interests = (raw.interests || []).map((s) => String(s).trim());
+  const badOne = interests.some((s) => interestError(s, limits) !== null);
+  if (interests.length > limits.interests_max || badOne) {
+    errors.interests = { key: 'field.interests', params: { max: limits.interests_max, len: limits.interest_max } };
+  }
+  return { value: { destination, days, interests }, errors };
+}
+
+/**
+ * serverFieldErrors maps the "fields" object of a 400 answer onto our own
+ * translated messages: the server's sentences are English only. Sub-keys
+ * such as "interests[2]" count as the interests field.
+ */
+export function serverFieldErrors(fields, limits) {
+  const errors = {};
+  if (!fields || typeof fields !== 'object') return errors;
+  for (const name of Object.keys(fields)) {
+    if (name === 'destination') {
+      errors.destination = { key: 'field.destination', params: { max: limits.destination_max } };
+    } else if (name === 'days') {
+      errors.days = { key: 'field.days', params: { min: limits.days_min, max: limits.days_max } };
+    } else if (name.startsWith('interest')) {
+      errors.interests = { key: 'field.interests', params: { max: limits.interests_max, len: limits.interest_max } };
+    }
+  }
+  return errors;
+}
