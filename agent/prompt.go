@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tmc/langchaingo/llms"
+)
+
+// systemPrompt tells the model its job, its tools and the answer format.
+const systemPrompt = `You are faregate's trip planner. Plan a day-by-day itinerary for the visitor's request.
+Use the tools when they help: guide_search for the travel guide (neighbourhoods, food, sights, practical notes),
+weather for the forecast, web_search and fetch_page (when offered) for anything the guide lacks. Call each tool
+at most once with the same arguments; their answers do not change.
+When you have enough, answer with ONLY a JSON object, no prose and no code fences, of this exact shape:
+{"summary": string, "days": [{"day": 1, "title": string, "items": [string, ...]}, ...]}
+with exactly one entry per requested day, days numbered from 1, 3 to 6 short items per day.`
+
+// requestMarker introduces the machine-readable copy of the request in the
+// user message; the offline planner reads it there.
+const requestMarker = "Request JSON: "
+
+// userPrompt is the first user message of a run.
+func userPrompt(r Request) string {
+	raw, _ := json.Marshal(r)
+	interests := "none in particular"
+	if len(r.Interests) > 0 {
+		interests = strings.Join(r.Interests, ", ")
+	}
+	return fmt.Sprintf("Plan %d day(s) in %s. Interests: %s.\n%s%s", r.Days, r.Destination, interests, requestMarker, raw)
+}
+
+// closingPrompt asks for the final answer without tools.
+const closingPrompt = "Stop using tools now. From what you have, answer with ONLY the final JSON object described above."
+
+// repairPrompt asks once more after an invalid answer.
+func repairPrompt(problem string) string {
+	return "That answer was not valid: " + problem + ". Reply again with ONLY the JSON object " +
+		`{"summary": string, "days": [{"day": int, "title": string, "items": [string]}]}` + ", nothing else."
+}
+
+// requestFromMessages recovers the request from a run's user message.
+func requestFromMessages(msgs []llms.MessageContent) (Request, bool) {
+	for _, m := range msgs {
+		if m.Role != llms.ChatMessageTypeHuman {
+			continue
+		}
+		for _, p := range m.Parts {
+			tp, ok := p.(llms.TextContent)
+			if !ok {
+				continue
+			}
+			if i := strings.Index(tp.Text, requestMarker); i >= 0 {
+				var r Request
+				if json.Unmarshal([]byte(tp.Text[i+len(requestMarker):]), &r) == nil && r.Destination != "" {
+					return r, true
+				}
+			}
+		}
+	}
+	return Request{}, false
+}
+
+// Answer bounds: longer model text is cut, not refused.
+const (
+	maxSummary = 1200
+	maxTitle   = 120
+	maxItem    = 300
+	maxItems   = 12
+)
+
+var errNoJSON = errors.New("no JSON object found")
+
+// parseAnswer extracts and validates the model's final JSON answer for a
+// request of days days. It tolerates code fences and text around the object.
+func parseAnswer(text string, days int) (summary string, out []Day, err error) {
+	start := strings.Index(text, "{")
+	end := strings.LastIndex(text, "}")
+	if start < 0 || end <= start {
+		return "", nil, errNoJSON
+	}
+	var raw struct {
+		Summary *string `json:"summary"`
+		Days    []struct {
+			Day   *int     `json:"day"`
+			Title *string  `json:"title"`
+			Items []string `json:"items"`
+		} `json:"days"`
+	}
+	if err := json.Unmarshal([]byte(text[start:end+1]), &raw); err != nil {
+		return "", nil, fmt.Errorf("not valid JSON of the requested shape (%v)", err)
+	}
+	if raw.Summary == nil || strings.TrimSpace(*raw.Summary) == "" {
+		return "", nil, errors.New(`"summary" must be a non-empty string`)
+	}
+	if len(raw.Days) != days {
+		return "", nil, fmt.Errorf(`"days" must have exactly %d entries, it has %d`, days, len(raw.Days))
+	}
+	for i, d := range raw.Days {
+		if d.Day == nil || *d.Day != i+1 {
+			return "", nil, fmt.Errorf(`day entries must be numbered 1 to %d in order`, days)
+		}
+		if d.Title == nil || strings.TrimSpace(*d.Title) == "" {
+			return "", nil, fmt.Errorf(`day %d needs a non-empty "title"`, i+1)
+		}
+		var items []string
+		for _, it := range d.Items {
+			if it = strings.TrimSpace(it); it != "" {
+				items = append(items, clip(it, maxItem))
+			}
+		}
+		if len(items) == 0 {
+			return "", nil, fmt.Errorf(`day %d needs at least one item`, i+1)
+		}
+		if len(items) > maxItems {
+			items = items[:maxItems]
+		}
+		out = append(out, Day{Day: i + 1, Title: clip(strings.TrimSpace(*d.Title), maxTitle), Items: items})
+	}
+	return clip(strings.TrimSpace(*raw.Summary), maxSummary), out, nil
+}
+
+// clip cuts s to at most n code points.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// EstimateTokens approximates a tokenizer: about four bytes of ASCII per
+// token, one token per other code point (CJK text is roughly that). It errs
+// high for prose, which is the safe side for reservations.
+func EstimateTokens(s string) int64 {
+	var ascii, other int64
+	for _, r := range s {
+		if r < utf8.RuneSelf {
+			ascii++
+		} else {
+			other++
+		}
+	}
+	return (ascii+3)/4 + other
+}
+
+// estimatePrompt approximates the prompt tokens of a call: messages plus a
+// few tokens of framing each, plus the tool definitions when offered.
+func estimatePrompt(msgs []llms.MessageContent, tools []llms.Tool) int64 {
+	var n int64
+	for _, m := range msgs {
+		n += 4
+		for _, p := range m.Parts {
+			switch v := p.(type) {
+			case llms.TextContent:
+				n += EstimateTokens(v.Text)
+			case llms.ToolCall:
+				if v.FunctionCall != nil {
+					n += EstimateTokens(v.FunctionCall.Name) + EstimateTokens(v.FunctionCall.Arguments) + 8
+				}
+			case llms.ToolCallResponse:
+				n += EstimateTokens(v.Content) + EstimateTokens(v.Name) + 8
+			}
+		}
+	}
+	if len(tools) > 0 {
+		raw, _ := json.Marshal(tools)
+		n += EstimateTokens(string(raw))
+	}
+	return n
+}

@@ -1,0 +1,165 @@
+// Package agent plans trips: it stores tasks in Redis, runs each one in the
+// background through a tool-using workflow on a langchaingo llms.Model, and
+// records every step so clients can follow the run live from any replica.
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"time"
+)
+
+// Task statuses.
+const (
+	StatusQueued    = "queued"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
+
+// Task failure codes (stable: the page maps them to messages).
+const (
+	CodeModelUnavailable = "model_unavailable"
+	CodeAgentFailed      = "agent_failed"
+)
+
+// Warning codes a run may end with (stable: the page explains each).
+const (
+	WarnWeatherUnavailable = "weather_unavailable"
+	WarnSearchUnavailable  = "search_unavailable"
+	WarnFetchFailed        = "fetch_failed"
+	WarnDownstreamPushback = "downstream_pushback"
+	WarnBudgetExhausted    = "budget_exhausted"
+	WarnOutputTruncated    = "output_truncated"
+	WarnOutputLoop         = "output_loop"
+	WarnStepLimit          = "step_limit"
+	WarnToolLimit          = "tool_limit"
+	WarnTimeLimit          = "time_limit"
+	WarnToolLoop           = "tool_loop"
+	WarnLowPrecision       = "low_precision"
+	WarnFallbackModel      = "fallback_model"
+)
+
+// Request is what the visitor asked for, already validated by the API.
+type Request struct {
+	Destination string   `json:"destination"`
+	Days        int      `json:"days"`
+	Interests   []string `json:"interests"`
+}
+
+// Step is one model call or tool call of a run.
+type Step struct {
+	Seq        int    `json:"seq"`
+	Kind       string `json:"kind"` // model | tool
+	Name       string `json:"name"`
+	Status     string `json:"status"` // started | ok | failed | cached
+	DurationMS int64  `json:"duration_ms"`
+	Detail     string `json:"detail,omitempty"`
+}
+
+// Day is one day of an itinerary.
+type Day struct {
+	Day   int      `json:"day"`
+	Title string   `json:"title"`
+	Items []string `json:"items"`
+}
+
+// Result is the validated answer of a successful run.
+type Result struct {
+	Summary  string   `json:"summary"`
+	Days     []Day    `json:"days"`
+	Warnings []string `json:"warnings"`
+	// Model names what produced the plan; Offline is true for the built-in
+	// deterministic demo planner, so no one mistakes it for an LLM.
+	Model   string `json:"model"`
+	Offline bool   `json:"offline"`
+}
+
+// Usage is the tokens the run's model calls consumed.
+type Usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+}
+
+// TaskError is why a task failed.
+type TaskError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Task is the public view of a task, as GET /api/tasks/{id} returns it.
+type Task struct {
+	ID        string     `json:"id"`
+	Status    string     `json:"status"`
+	CreatedAt time.Time  `json:"created_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	Request   Request    `json:"request"`
+	Steps     []Step     `json:"steps"`
+	Warnings  []string   `json:"warnings"`
+	Result    *Result    `json:"result,omitempty"`
+	Usage     Usage      `json:"usage"`
+	Error     *TaskError `json:"error,omitempty"`
+}
+
+// Final reports whether the task will not change again.
+func (t Task) Final() bool { return t.Status == StatusSucceeded || t.Status == StatusFailed }
+
+// Record is a task as stored: the public Task plus what the server needs to
+// run and account for it. Visitor is the keyed hash, never an address.
+type Record struct {
+	Task
+	Visitor   string    `json:"visitor"`
+	Day       string    `json:"day"`
+	RequestID string    `json:"request_id,omitempty"`
+	AITF      AITFTrace `json:"aitf"`
+}
+
+// AITFTrace is what the AI-traffic scorer said about the creating request.
+type AITFTrace struct {
+	Score    float64   `json:"score"`
+	Vector   []float64 `json:"vector,omitempty"`
+	Degraded bool      `json:"degraded"`
+}
+
+// ErrNotFound: no such task (or a malformed id, which cannot exist).
+var ErrNotFound = errors.New("agent: task not found")
+
+// ErrUnavailable: the task store (Redis) failed.
+var ErrUnavailable = errors.New("agent: store unavailable")
+
+// NewID returns "t_" and 32 hex digits: 128 random bits, unguessable.
+func NewID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// crypto/rand does not fail on supported platforms; a predictable id
+		// would be worse than stopping.
+		panic("agent: crypto/rand: " + err.Error())
+	}
+	return "t_" + hex.EncodeToString(b[:])
+}
+
+// ValidID reports whether id has NewID's shape, so malformed ids are
+// answered without touching Redis.
+func ValidID(id string) bool {
+	if len(id) != 34 || !strings.HasPrefix(id, "t_") {
+		return false
+	}
+	for _, c := range id[2:] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// addWarning appends code once.
+func addWarning(ws []string, code string) []string {
+	for _, w := range ws {
+		if w == code {
+			return ws
+		}
+	}
+	return append(ws, code)
+}
