@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer collects what run writes (start-up lines and logs) safely.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	// addr receives the listening address once it is printed.
+	addr chan string
+	line []byte
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	b.line = append(b.line, p...)
+	for {
+		i := bytes.IndexByte(b.line, '\n')
+		if i < 0 {
+			break
+		}
+		l := string(b.line[:i])
+		b.line = b.line[i+1:]
+		if rest, ok := strings.CutPrefix(l, "faregate: listening on "); ok {
+			select {
+			case b.addr <- rest:
+			default:
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// server is a faregate started through run, as the binary would be.
+type server struct {
+	URL  string
+	Out  *syncBuffer
+	stop func() error
+}
+
+// Stop shuts the server down gracefully and returns run's error.
+func (s *server) Stop() error { return s.stop() }
+
+// startServer calls run on 127.0.0.1:0 with env (plus the address) and
+// waits until /healthz answers. The server is stopped at the end of the test.
+func startServer(t testing.TB, env map[string]string) *server {
+	t.Helper()
+	full := map[string]string{"FAREGATE_ADDR": "127.0.0.1:0", "FAREGATE_LOG_FORMAT": "json", "FAREGATE_SHUTDOWN_TIMEOUT": "5s"}
+	for k, v := range env {
+		full[k] = v
+	}
+	out := &syncBuffer{addr: make(chan string, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"faregate"}, envOf(full), out) }()
+	var url string
+	select {
+	case url = <-out.addr:
+	case err := <-done:
+		cancel()
+		t.Fatalf("run returned before listening: %v\n%s", err, out.String())
+	case <-time.After(20 * time.Second):
+		cancel()
+		t.Fatalf("no listening line within 20s:\n%s", out.String())
+	}
+	var once sync.Once
+	var stopErr error
+	s := &server{URL: url, Out: out, stop: func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case stopErr = <-done:
+			case <-time.After(30 * time.Second):
+				stopErr = fmt.Errorf("run did not return within 30s of cancel")
+			}
+		})
+		return stopErr
+	}}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	waitHealthy(t, url)
+	return s
+}
+
+func waitHealthy(t testing.TB, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s/healthz never answered 200", url)
+}
+
+// reply is a decoded HTTP answer.
+type reply struct {
+	Status int
+	Header http.Header
+	Body   map[string]any
+	Raw    []byte
+}
+
+// code is the error code of an error envelope ("" otherwise).
+func (r reply) code() string {
+	e, _ := r.Body["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+func do(t testing.TB, method, url string, body string, header map[string]string) reply {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		if v == "" {
+			req.Header.Del(k) // "" removes a header do would send
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
+	_ = json.Unmarshal(raw, &r.Body)
+	return r
+}
+
+// taskBody is a valid creation body with the dummy token.
+func taskBody(dest string) string {
+	return fmt.Sprintf(`{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":%q,"days":3,"interests":["food","history"]}`, dest)
+}
+
+// waitTask polls a task until it is final and returns it.
+func waitTask(t testing.TB, base, id string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		r := do(t, "GET", base+"/api/tasks/"+id, "", nil)
+		if r.Status != 200 {
+			t.Fatalf("GET task: %d %s", r.Status, r.Raw)
+		}
+		if s := r.Body["status"]; s == "succeeded" || s == "failed" {
+			return r.Body
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("task %s not final within 60s", id)
+	return nil
+}
+
+// sseEvent is one parsed Server-Sent Event.
+type sseEvent struct {
+	ID, Type, Data string
+}
+
+// readSSE reads events from url until done (or n events when n > 0).
+func readSSE(t testing.TB, url string, lastID string, n int) []sseEvent {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("events: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	var out []sseEvent
+	var cur sseEvent
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if cur.Type != "" {
+				out = append(out, cur)
+				if cur.Type == "done" || (n > 0 && len(out) >= n) {
+					return out
+				}
+			}
+			cur = sseEvent{}
+		case strings.HasPrefix(line, "id: "):
+			cur.ID = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			cur.Type = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			cur.Data += line[6:]
+		}
+	}
+	return out
+}
