@@ -254,6 +254,26 @@ func composePlan(req Request, obs []observation) string {
 		return req.Interests[(d-1)%len(req.Interests)]
 	}
 
+	// Sights are used once each, in a rotation seeded by the destination;
+	// the afternoon prefers one that matches the day's interest.
+	used := map[int]bool{}
+	nextSight := func(match string) (string, bool) {
+		for pass := 0; pass < 2; pass++ {
+			for i := range g.sights {
+				k := (seed + i) % len(g.sights)
+				if used[k] || (pass == 0 && !matchesInterest(g.sights[k], match)) {
+					continue
+				}
+				used[k] = true
+				return g.sights[k], pass == 0 && match != ""
+			}
+			if match == "" {
+				break
+			}
+		}
+		return "", false
+	}
+
 	var days []Day
 	for d := 1; d <= req.Days; d++ {
 		var items []string
@@ -261,7 +281,7 @@ func composePlan(req Request, obs []observation) string {
 		if n, ok := pick(g.neighbourhoods, d-1); ok {
 			title = fmt.Sprintf("Day %d: %s", d, entryName(n))
 		}
-		if s, ok := pick(g.sights, 2*(d-1)); ok {
+		if s, _ := nextSight(""); s != "" {
 			items = append(items, "Morning: "+clip(s, 220))
 		} else {
 			items = append(items, fmt.Sprintf("Morning: walk the centre of %s and get your bearings", g.city))
@@ -269,13 +289,14 @@ func composePlan(req Request, obs []observation) string {
 		if f, ok := pick(g.food, d-1); ok {
 			items = append(items, "Lunch: "+clip(f, 200))
 		}
-		if s, ok := pick(g.sights, 2*(d-1)+1); ok && len(g.sights) > 1 {
+		in := interest(d)
+		if s, matched := nextSight(in); s != "" {
 			line := "Afternoon: " + clip(s, 200)
-			if in := interest(d); in != "" {
+			if matched {
 				line += " (for your interest in " + in + ")"
 			}
 			items = append(items, line)
-		} else if in := interest(d); in != "" {
+		} else if in != "" {
 			items = append(items, fmt.Sprintf("Afternoon: time for %s in %s", in, g.city))
 		}
 		if n, ok := pick(g.neighbourhoods, d-1); ok {
@@ -316,10 +337,41 @@ func weatherFor(wx []string, d int) string {
 	switch {
 	case d-1 < len(days):
 		return days[d-1]
-	case len(days) == 0 && len(wx) > 0:
+	case len(days) == 0 && len(wx) > 0 && d == 1:
+		// No forecast, only the seasonal norm: say it once.
 		return wx[len(wx)-1]
 	}
 	return ""
+}
+
+// interestWords widens common interests to words guide entries use.
+var interestWords = map[string][]string{
+	"history":      {"histor", "museum", "castle", "monastery", "ancient", "roman", "palace", "cathedral", "ruins", "temple"},
+	"art":          {"art", "gallery", "museum", "painting", "design"},
+	"architecture": {"architect", "cathedral", "tower", "palace", "basilica", "bridge", "temple", "shrine"},
+	"nature":       {"park", "garden", "beach", "hike", "mountain", "river", "forest", "view"},
+	"museums":      {"museum", "gallery", "collection"},
+	"nightlife":    {"bar", "night", "club", "music", "fado", "jazz"},
+	"shopping":     {"market", "shop", "bazaar", "store", "boutique"},
+	"food":         {"market", "food", "tasting", "street food"},
+}
+
+// matchesInterest reports whether a guide entry suits an interest.
+func matchesInterest(entry, interest string) bool {
+	if interest == "" {
+		return true
+	}
+	e := strings.ToLower(entry)
+	in := strings.ToLower(strings.TrimSpace(interest))
+	if strings.Contains(e, in) {
+		return true
+	}
+	for _, w := range interestWords[in] {
+		if strings.Contains(e, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // dayLine matches a forecast line that starts with a date.

@@ -50,7 +50,8 @@ func NewStore(rdb redis.Cmdable) *Store {
 func taskKey(id string) string   { return "faregate:task:{" + id + "}" }
 func eventsKey(id string) string { return "faregate:task:{" + id + "}:events" }
 
-// Create stores a new task and its first status event. It fails if the id exists.
+// Create stores a new task and its first status event. Ids carry 128
+// random bits; SETNX still guarantees an existing task is never overwritten.
 func (s *Store) Create(ctx context.Context, rec Record) error {
 	body, err := json.Marshal(rec)
 	if err != nil {

@@ -298,6 +298,9 @@ func TestVisitorSpoofing(t *testing.T) {
 				t.Fatalf("spoofed %v: %d %s", h, r.Status, r.Raw)
 			}
 		}
+		if r := do(t, "GET", s.URL+"/healthz", "", map[string]string{"X-Request-Id": "client-chosen"}); r.Header.Get("X-Request-Id") == "client-chosen" {
+			t.Error("an untrusted client chose its request id")
+		}
 	})
 	t.Run("trusted proxy", func(t *testing.T) {
 		s := startServer(t, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "1", "FAREGATE_TRUSTED_PROXIES": "127.0.0.0/8"})
@@ -305,6 +308,10 @@ func TestVisitorSpoofing(t *testing.T) {
 			if r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), map[string]string{"X-Forwarded-For": xff}); r.Status != 202 {
 				t.Fatalf("visitor %d (%s): %d %s", i, xff, r.Status, r.Raw)
 			}
+		}
+		// A trusted proxy's request id is kept; a client's is not.
+		if r := do(t, "GET", s.URL+"/healthz", "", map[string]string{"X-Request-Id": "edge-42"}); r.Header.Get("X-Request-Id") != "edge-42" {
+			t.Errorf("trusted proxy's X-Request-Id replaced: %q", r.Header.Get("X-Request-Id"))
 		}
 		// The right-most untrusted entry counts: a client-written left part changes nothing.
 		if r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), map[string]string{"X-Forwarded-For": "192.0.2.1, 198.51.100.3"}); r.Status != 429 {

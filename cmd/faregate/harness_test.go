@@ -237,3 +237,12 @@ func readSSE(t testing.TB, url string, lastID string, n int) []sseEvent {
 	}
 	return out
 }
+
+func httpGet(url string) (*http.Response, error) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return resp, err
+}

@@ -261,7 +261,7 @@ func (g *Guard) Middleware(next http.Handler) http.Handler {
 		g.m.score.WithLabelValues(route).Observe(e.res.Score)
 		if observed {
 			g.m.observed.WithLabelValues(route).Inc()
-			g.o.Logger.Info("aitf: would delay",
+			g.o.Logger.InfoContext(r.Context(), "aitf: would delay",
 				"visitor", visitor, "route", route,
 				"score", e.res.Score, "vector", vec.String())
 		}

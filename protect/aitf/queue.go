@@ -244,7 +244,7 @@ func (g *Guard) countToolCall(r *http.Request, id, route string) {
 		return
 	}
 	g.m.alerts.WithLabelValues(route).Inc()
-	g.o.Logger.Warn("aitf: tool_call_id queued repeatedly",
+	g.o.Logger.WarnContext(r.Context(), "aitf: tool_call_id queued repeatedly",
 		"visitor", g.o.VisitorKey(r), "route", route, "count", n,
 		"window", alertWindow.String())
 }

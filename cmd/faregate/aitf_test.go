@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// agentBody is what an agent framework sends: the task plus its own
+// bookkeeping (tool_call_id, recursion_depth, batch mode).
+const agentBody = `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Rome","days":1,
+"tool_call_id":"call_abc123","recursion_depth":4,"mode":"batch_process","retry_strategy":{"max_retries":5}}`
+
+// TestAITFEnforceSlowsAgentsNotPeople: in enforce mode an agent-shaped
+// body waits in the delay queue before Turnstile, a person's does not; the
+// score reaches the client only with server-side debug on.
+func TestAITFEnforceSlowsAgentsNotPeople(t *testing.T) {
+	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "enforce", "FAREGATE_AITF_DEBUG": "true", "FAREGATE_IP_DAILY_LIMIT": "50"})
+
+	start := time.Now()
+	r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), map[string]string{"X-AITF-Debug": "true"})
+	person := time.Since(start)
+	if r.Status != 202 || person > 150*time.Millisecond {
+		t.Fatalf("person: %d in %v", r.Status, person)
+	}
+
+	start = time.Now()
+	r = do(t, "POST", s.URL+"/api/tasks", agentBody, map[string]string{"X-AITF-Debug": "true"})
+	agent := time.Since(start)
+	if r.Status != 202 {
+		t.Fatalf("agent: %d %s", r.Status, r.Raw)
+	}
+	// 200 ms + score × 800 ms with a score of at least 0.8.
+	if agent < 800*time.Millisecond || agent > 1500*time.Millisecond {
+		t.Fatalf("agent body waited %v, want about 200ms + score×800ms", agent)
+	}
+	if r.Header.Get("X-AITF-Score") == "" || r.Header.Get("X-AITF-Vector") == "" || r.Header.Get("X-AITF-Decision") != "delayed" {
+		t.Fatalf("debug headers: %v", r.Header)
+	}
+	// The score travels with the task.
+	task := waitTask(t, s.URL, r.Body["id"].(string))
+	if task["status"] != "succeeded" {
+		t.Fatalf("task: %v", task)
+	}
+	// A malformed agent body is refused at once, before any wait.
+	start = time.Now()
+	if r := do(t, "POST", s.URL+"/api/tasks", `{"tool_call_id":"x","recursion_depth":9,"days":"x"}`, nil); r.Status != 400 || time.Since(start) > 150*time.Millisecond {
+		t.Fatalf("malformed agent body: %d after %v", r.Status, time.Since(start))
+	}
+	t.Logf("person %v, agent %v (score %s)", person.Round(time.Millisecond), agent.Round(time.Millisecond), r.Header.Get("X-AITF-Score"))
+}
+
+// TestAITFScoreNeverLeaksWithoutDebug: without FAREGATE_AITF_DEBUG the
+// debug request header gets nothing back.
+func TestAITFScoreNeverLeaksWithoutDebug(t *testing.T) {
+	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "observe"})
+	start := time.Now()
+	r := do(t, "POST", s.URL+"/api/tasks", agentBody, map[string]string{"X-AITF-Debug": "true"})
+	if r.Status != 202 || time.Since(start) > 300*time.Millisecond {
+		t.Fatalf("observe mode: %d after %v (observe never delays)", r.Status, time.Since(start))
+	}
+	for k := range r.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-aitf") {
+			t.Fatalf("header %s leaked: %v", k, r.Header)
+		}
+	}
+	if !strings.Contains(s.Out.String(), "aitf: would delay") {
+		t.Fatal("observe mode did not log the would-be delay")
+	}
+}
+
+// TestAITFScoreCommand scores NDJSON bodies from a file.
+func TestAITFScoreCommand(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "bodies.ndjson")
+	if err := os.WriteFile(f, []byte(strings.ReplaceAll(agentBody, "\n", "")+"\n"+taskBody("Lisbon")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := run(t.Context(), []string{"faregate", "aitf", "score", f}, envOf(nil), &out); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(strings.TrimSpace(out.String()), "\n") + 1; lines < 2 || !strings.Contains(out.String(), "toolcall") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+	if err := run(t.Context(), []string{"faregate", "aitf", "frobnicate"}, envOf(nil), &out); err == nil {
+		t.Fatal("unknown aitf subcommand accepted")
+	}
+}
