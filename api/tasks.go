@@ -253,6 +253,7 @@ func handleCreateTask(d Deps, m *metrics) http.Handler {
 		if d.Budget != nil {
 			if err := d.Budget.CanAfford(r.Context(), day, visitor.Key(), d.MinRunTokens); err != nil {
 				if errors.Is(err, budget.ErrExhausted) {
+					d.rateLimitHeaders(w, dec, now)
 					deny(w, r, CodeBudgetExhausted, quota.UntilReset(now), nil)
 					return
 				}

@@ -265,14 +265,8 @@ func TestFailClosedOnRedisOutage(t *testing.T) {
 	if err := rs.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r = do(t, "POST", s.URL+"/api/tasks", taskBody("Paris"), nil)
-		if r.Status == 202 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// The very next creation works: no stale connection is blamed on the visitor.
+	r = do(t, "POST", s.URL+"/api/tasks", taskBody("Paris"), nil)
 	if r.Status != 202 {
 		t.Fatalf("after Redis came back: %d %s", r.Status, r.Raw)
 	}

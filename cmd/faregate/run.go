@@ -99,7 +99,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 		fmt.Fprintf(stdout, "faregate: EMBEDDED DEFAULT (%s unset): %s\n", d.Variable, d.What)
 	}
 
-	rdb, closeRedis, err := openRedis(ctx, cfg, stdout)
+	rcs, closeRedis, err := openRedis(ctx, cfg, stdout)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +124,8 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	limits := quota.Limits{Visitor: cfg.IPDailyLimit, Global: cfg.GlobalDailyLimit}
-	q := quota.New(rdb, limits, nil)
+	rdb := rcs.main
+	q := quota.New(rcs.quota, limits, nil)
 	bud := budget.New(rdb, budget.Options{
 		Limits: budget.Limits{Site: cfg.DailyTokenBudget, Visitor: cfg.IPDailyTokens, Task: cfg.TaskTokenLimit},
 		// A reservation outlives the longest call it can cover, then is given back.
@@ -181,38 +182,61 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 	return a, nil
 }
 
+// redisClients are the two connections to the one Redis: main for
+// everything, and quota, which never retries. go-redis retries a command
+// after io.EOF; a quota script that ran but lost its reply would then count
+// a task twice, so the counting script fails closed (503) instead.
+type redisClients struct {
+	main, quota redis.UniversalClient
+}
+
 // openRedis connects to FAREGATE_REDIS_URL, or starts the embedded miniredis.
-func openRedis(ctx context.Context, cfg *config, stdout io.Writer) (redis.UniversalClient, func(), error) {
+// Short timeouts make a hung Redis a quick 503 rather than a hung request.
+func openRedis(ctx context.Context, cfg *config, stdout io.Writer) (redisClients, func(), error) {
+	tune := func(o *redis.Options, retries int) *redis.Options {
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 3*time.Second
+		o.MaxRetries = retries
+		return o
+	}
 	if cfg.RedisURL == "" {
 		m := miniredis.NewMiniRedis()
 		if err := m.Start(); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis: %w", err)
+			return redisClients{}, nil, fmt.Errorf("embedded redis: %w", err)
 		}
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		return c, func() { _ = c.Close(); m.Close() }, nil
+		c := redisClients{
+			main:  redis.NewClient(tune(&redis.Options{Addr: m.Addr()}, 3)),
+			quota: redis.NewClient(tune(&redis.Options{Addr: m.Addr()}, -1)),
+		}
+		return c, func() { _ = c.main.Close(); _ = c.quota.Close(); m.Close() }, nil
 	}
-	var c redis.UniversalClient
+	var c redisClients
 	if cfg.RedisCluster {
 		opt, err := redis.ParseClusterURL(cfg.RedisURL)
 		if err != nil {
-			return nil, nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
+			return c, nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
 		}
-		c = redis.NewClusterClient(opt)
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 3*time.Second
+		c.main = redis.NewClusterClient(opt)
+		q := *opt
+		q.MaxRetries = -1
+		c.quota = redis.NewClusterClient(&q)
 	} else {
 		opt, err := redis.ParseURL(cfg.RedisURL)
 		if err != nil {
-			return nil, nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
+			return c, nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
 		}
-		c = redis.NewClient(opt)
+		q := *opt
+		c.main = redis.NewClient(tune(opt, 3))
+		c.quota = redis.NewClient(tune(&q, -1))
 	}
 	// Not fatal: faregate starts and fails closed (503) until Redis answers,
 	// and /readyz says so.
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
+	if err := c.main.Ping(pctx).Err(); err != nil {
 		fmt.Fprintf(stdout, "faregate: redis not answering yet (%v); refusing tasks with 503 until it does\n", redactURLError(err))
 	}
-	return c, func() { _ = c.Close() }, nil
+	return c, func() { _ = c.main.Close(); _ = c.quota.Close() }, nil
 }
 
 // redactURLError keeps credentials that a URL error might quote out of logs.
