@@ -173,6 +173,24 @@ func TestStoreFollow(t *testing.T) {
 			if len(resumed) != len(got)-1 || resumed[0].ID == got[0].ID {
 				t.Fatalf("resume after %s: %+v", got[0].ID, resumed)
 			}
+			// While nothing happens, followers get keep-alives.
+			idle := Record{Task: Task{ID: NewID(), Status: StatusRunning}}
+			if err := st.Create(ctx, idle); err != nil {
+				t.Fatal(err)
+			}
+			st.KeepAlive = 20 * time.Millisecond
+			fctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			keepalives := 0
+			_ = st.Follow(fctx, idle.ID, "", func(e Event) error {
+				if e.Type == EventKeepAlive {
+					keepalives++
+				}
+				return nil
+			})
+			cancel()
+			if keepalives < 2 {
+				t.Fatalf("%d keep-alives in 150ms at a 20ms interval", keepalives)
+			}
 			if err := st.Follow(ctx, NewID(), "", func(Event) error { return nil }); err != ErrNotFound {
 				t.Fatalf("unknown task: %v", err)
 			}

@@ -67,6 +67,18 @@ func TestRunEmbeddedDefaults(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(res["warnings"]), "weather_unavailable") {
 		t.Errorf("warnings %v lack weather_unavailable", res["warnings"])
 	}
+	do(t, "POST", s.URL+"/api/tasks", `{"destination":"Rome","days":2}`, nil) // one 403 for the denial counter
+	metrics := string(do(t, "GET", s.URL+"/metrics", "", nil).Raw)
+	for _, want := range []string{
+		"faregate_admissions_total 1", `faregate_denials_total{code="turnstile_failed"} 1`,
+		"faregate_siteverify_duration_seconds_bucket", `faregate_quota_duration_seconds_count{op="take",outcome="allowed"} 1`,
+		`faregate_tasks_total{status="succeeded"} 1`, `faregate_llm_tokens_total{kind="prompt",model="offline-demo-planner"}`,
+		"faregate_budget_site_remaining_tokens", "faregate_budget_outstanding_reservations", "faregate_aitf_score_bucket",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }
 
 // deadURL is a loopback URL where nothing listens.
