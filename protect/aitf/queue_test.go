@@ -74,32 +74,39 @@ func TestAdmitWaitsByFormula(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			// Three samples at once; the median must be within tolerance,
-			// so one late wake-up on a loaded machine does not fail it.
-			const samples = 3
-			got := make([]time.Duration, samples)
-			var wg sync.WaitGroup
-			for i := range samples {
-				wg.Go(func() {
-					r := scored(context.Background(), tc.score, tc.optIn, "")
-					start := time.Now()
-					release, err := f.g.Admit(httptest.NewRecorder(), r)
-					got[i] = time.Since(start)
-					if err != nil {
-						t.Errorf("Admit: %v", err)
-						return
-					}
-					release()
-					res, _ := FromContext(r.Context())
-					if res.Decision != DecisionDelayed || res.Delayed < tc.want-tolerance {
-						t.Errorf("Result %+v, want delayed about %v", res, tc.want)
-					}
-				})
+			// so one late wake-up on a loaded machine does not fail it. A
+			// whole round delayed by a CPU-starved moment (other packages'
+			// tests run beside this one) is measured again, at most twice:
+			// a wrong formula misses every round.
+			const samples, rounds = 3, 3
+			var got []time.Duration
+			for round := 0; round < rounds; round++ {
+				got = make([]time.Duration, samples)
+				var wg sync.WaitGroup
+				for i := range samples {
+					wg.Go(func() {
+						r := scored(context.Background(), tc.score, tc.optIn, "")
+						start := time.Now()
+						release, err := f.g.Admit(httptest.NewRecorder(), r)
+						got[i] = time.Since(start)
+						if err != nil {
+							t.Errorf("Admit: %v", err)
+							return
+						}
+						release()
+						res, _ := FromContext(r.Context())
+						if res.Decision != DecisionDelayed || res.Delayed < tc.want-tolerance {
+							t.Errorf("Result %+v, want delayed about %v", res, tc.want)
+						}
+					})
+				}
+				wg.Wait()
+				slices.Sort(got)
+				if med := got[samples/2]; med >= tc.want-tolerance && med <= tc.want+tolerance {
+					return
+				}
 			}
-			wg.Wait()
-			slices.Sort(got)
-			if med := got[samples/2]; med < tc.want-tolerance || med > tc.want+tolerance {
-				t.Errorf("median wait %v (samples %v), want %v ± %v", med, got, tc.want, tolerance)
-			}
+			t.Errorf("median wait %v (samples %v) in %d rounds, want %v ± %v", got[samples/2], got, rounds, tc.want, tolerance)
 		})
 	}
 }

@@ -26,6 +26,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+
+	"faregate/protect/promreg"
 )
 
 // ErrOpen is returned, without calling the function, while the breaker is
@@ -131,12 +133,12 @@ func New(s Settings, lg *slog.Logger, reg prometheus.Registerer) *Breaker {
 		lg = slog.New(slog.DiscardHandler)
 	}
 	b := &Breaker{s: s, lg: lg, current: Closed, win: newWindow(s.Window, time.Now())}
-	gauge := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	gauge := promreg.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "faregate_breaker_state",
 		Help: "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
 	}, []string{"name"}))
 	b.state = gauge.WithLabelValues(s.Name)
-	b.transitions = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	b.transitions = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "faregate_breaker_transitions_total",
 		Help: "Circuit breaker state changes, by the state entered.",
 	}, []string{"name", "to"})).MustCurryWith(prometheus.Labels{"name": s.Name})
@@ -266,24 +268,4 @@ func fromGobreaker(s gobreaker.State) State {
 		return HalfOpen
 	}
 	return Closed
-}
-
-// register adds c to reg, or returns the collector already registered under
-// the same name so that several breakers share one series family.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) T {
-	if reg == nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-		// Only a conflicting definition of the same metric gets here: a
-		// programming error, reported as MustRegister would.
-		panic(err)
-	}
-	return c
 }

@@ -1,9 +1,9 @@
 package budget
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/protect/promreg"
 )
 
 // metrics are the budget's Prometheus series. They are refreshed from the
@@ -29,9 +29,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reservations and affordability checks refused, by the scope that refused.",
 		}, []string{"scope"}),
 	}
-	m.siteRemaining = register(reg, m.siteRemaining)
-	m.outstanding = register(reg, m.outstanding)
-	m.refusals = register(reg, m.refusals)
+	m.siteRemaining = promreg.Register(reg, m.siteRemaining)
+	m.outstanding = promreg.Register(reg, m.outstanding)
+	m.refusals = promreg.Register(reg, m.refusals)
 	// Every scope shows up at 0 before its first refusal, so rate() works.
 	for _, s := range []Scope{ScopeSite, ScopeVisitor, ScopeTask} {
 		m.refusals.WithLabelValues(string(s))
@@ -42,23 +42,4 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 func (m *metrics) update(siteRemaining, reservations int64) {
 	m.siteRemaining.Set(float64(max(siteRemaining, 0)))
 	m.outstanding.Set(float64(reservations))
-}
-
-// register adds c to reg, or returns the collector already registered under
-// the same name, so two Budgets (or a Budget rebuilt in a test) can share
-// one registry. Any other registration error is a programming error.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) T {
-	if reg == nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
 }
