@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -19,10 +20,11 @@ import (
 
 // The browser tests drive the real page in headless Chromium against a
 // hand-written fake of the API. They need a Chromium binary and take a few
-// seconds, so they run only with FAREGATE_BROWSER=1:
+// seconds, so they run only with FAREGATE_BROWSER_TESTS=1 (as .ci/run
+// sets it, like the end-to-end browser tests in cmd/faregate):
 //
-//	FAREGATE_BROWSER=1 go test ./web/ -run Browser
-const browserEnv = "FAREGATE_BROWSER"
+//	FAREGATE_BROWSER_TESTS=1 go test ./web/ -run Browser
+const browserEnv = "FAREGATE_BROWSER_TESTS"
 
 // fakeAPI answers the four API paths the page uses. Function fields decide
 // the answers; the rest records what the page sent.
@@ -288,10 +290,24 @@ func wantContains(t *testing.T, what, got string, want ...string) {
 }
 
 func TestBrowser(t *testing.T) {
-	if os.Getenv(browserEnv) == "" {
+	if os.Getenv(browserEnv) != "1" {
 		t.Skipf("set %s=1 to drive the page in headless Chromium", browserEnv)
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.NoSandbox)
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	// Asked for but missing: CI must not pass without the browser tests.
+	if path == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("Chromium (chromium or chromium-browser) is not installed")
+		}
+		t.Skip("Chromium (chromium or chromium-browser) is not installed")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox)
 	alloc, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancel)
 	browser, cancel := chromedp.NewContext(alloc)
