@@ -31,12 +31,17 @@ export function codePoints(s) {
   return [...s].length;
 }
 
+/** CONTROL matches control characters, which the server refuses in any text field. */
+const CONTROL = /\p{Cc}/u;
+
 /** interestError returns the field error for one interest, or null when it is acceptable. */
 export function interestError(text, limits) {
-  const n = codePoints(String(text).trim());
+  const s = String(text).trim();
+  const n = codePoints(s);
   if (n < 1 || n > limits.interest_max) {
     return { key: 'field.interest_length', params: { len: limits.interest_max } };
   }
+  if (CONTROL.test(s)) return { key: 'field.control', params: {} };
   return null;
 }
 
@@ -51,6 +56,8 @@ export function validateTask(raw, limits) {
   const dn = codePoints(destination);
   if (dn < 1 || dn > limits.destination_max) {
     errors.destination = { key: 'field.destination', params: { max: limits.destination_max } };
+  } else if (CONTROL.test(destination)) {
+    errors.destination = { key: 'field.control', params: {} };
   }
 
   // type="number" inputs hand over "" for anything unparsable, so the
@@ -78,8 +85,11 @@ export function serverFieldErrors(fields, limits) {
   const errors = {};
   if (!fields || typeof fields !== 'object') return errors;
   for (const name of Object.keys(fields)) {
+    const control = String(fields[name]).includes('control characters');
     if (name === 'destination') {
-      errors.destination = { key: 'field.destination', params: { max: limits.destination_max } };
+      errors.destination = control
+        ? { key: 'field.control', params: {} }
+        : { key: 'field.destination', params: { max: limits.destination_max } };
     } else if (name === 'days') {
       errors.days = { key: 'field.days', params: { min: limits.days_min, max: limits.days_max } };
     } else if (name.startsWith('interest')) {
