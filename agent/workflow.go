@@ -412,15 +412,31 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (*llms.Co
 	maxTokens := int64(r.w.cfg.MaxTokens)
 
 	st := r.startStep("model", label, "")
+	// Reserve before the breaker sees the call: a budget refusal is not a
+	// provider failure and must never count towards opening it.
+	res, err := r.reserve(ctx, prompt, &maxTokens, offerTools)
 	var choice *llms.ContentChoice
-	used, fellBack, err := r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
-		c, err := r.attempt(ctx, mdl, prompt, maxTokens, defs)
-		if err != nil {
-			return err
-		}
-		choice = c
-		return nil
-	})
+	var used Model
+	var fellBack bool
+	if err == nil {
+		used, fellBack, err = r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
+			cur := res
+			if cur.ID == "" {
+				// A second attempt (the fallback after a failed primary) needs
+				// its own reservation; the first one was settled.
+				if cur, err = r.reserve(ctx, prompt, &maxTokens, offerTools); err != nil {
+					return err
+				}
+			}
+			res = budget.Reservation{}
+			c, err := r.attempt(ctx, mdl, cur, prompt, maxTokens, defs)
+			if err != nil {
+				return err
+			}
+			choice = c
+			return nil
+		})
+	}
 	if err != nil {
 		status := "failed"
 		detail := "model call failed"
@@ -460,18 +476,36 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (*llms.Co
 	return choice, nil
 }
 
-// attempt is one call on one model, with its own reservation.
-func (r *run) attempt(ctx context.Context, mdl Model, prompt, maxTokens int64, defs []llms.Tool) (*llms.ContentChoice, error) {
-	reserved := prompt + maxTokens
-	res, err := r.w.budget.Reserve(ctx, budget.Request{Day: r.rec.Day, Visitor: r.rec.Visitor, Task: r.rec.ID, Amount: reserved})
-	if err != nil {
-		if errors.Is(err, budget.ErrExhausted) {
-			return nil, fmt.Errorf("%w: %v", errBudgetRefused, err)
-		}
-		// The budget store failing is not the model's fault, and spending
-		// without a reservation is not allowed: fail closed.
-		return nil, &failure{CodeAgentFailed, "the token budget could not be checked; please try again later"}
+// reserve books prompt + max_tokens in every budget scope. When the budget
+// cannot afford that, a closing call (no tools) may still go ahead with a
+// smaller max_tokens that fits what is left, so a run ends with what it has;
+// *maxTokens is lowered accordingly.
+func (r *run) reserve(ctx context.Context, prompt int64, maxTokens *int64, offerTools bool) (budget.Reservation, error) {
+	req := budget.Request{Day: r.rec.Day, Visitor: r.rec.Visitor, Task: r.rec.ID, Amount: prompt + *maxTokens}
+	res, err := r.w.budget.Reserve(ctx, req)
+	var ex *budget.ExhaustedError
+	if errors.As(err, &ex) && !offerTools && ex.Remaining-prompt >= minClosingTokens {
+		*maxTokens = ex.Remaining - prompt
+		req.Amount = ex.Remaining
+		res, err = r.w.budget.Reserve(ctx, req)
 	}
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, budget.ErrExhausted):
+		return res, fmt.Errorf("%w: %v", errBudgetRefused, err)
+	}
+	// The budget store failing is not the model's fault, and spending
+	// without a reservation is not allowed: fail closed.
+	return res, &failure{CodeAgentFailed, "the token budget could not be checked; please try again later"}
+}
+
+// minClosingTokens is the smallest completion worth asking for a final answer.
+const minClosingTokens = 256
+
+// attempt is one call on one model under reservation res, which it settles.
+func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, prompt, maxTokens int64, defs []llms.Tool) (*llms.ContentChoice, error) {
+	reserved := res.Amount
 
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
