@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +14,8 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+
+	"faregate/web/browsertest"
 )
 
 // The browser tests drive the real page in headless Chromium against a
@@ -24,7 +24,6 @@ import (
 // sets it, like the end-to-end browser tests in cmd/faregate):
 //
 //	FAREGATE_BROWSER_TESTS=1 go test ./web/ -run Browser
-const browserEnv = "FAREGATE_BROWSER_TESTS"
 
 // fakeAPI answers the four API paths the page uses. Function fields decide
 // the answers; the rest records what the page sent.
@@ -290,32 +289,7 @@ func wantContains(t *testing.T, what, got string, want ...string) {
 }
 
 func TestBrowser(t *testing.T) {
-	if os.Getenv(browserEnv) != "1" {
-		t.Skipf("set %s=1 to drive the page in headless Chromium", browserEnv)
-	}
-	path := ""
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			path = p
-			break
-		}
-	}
-	// Asked for but missing: CI must not pass without the browser tests.
-	if path == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("Chromium (chromium or chromium-browser) is not installed")
-		}
-		t.Skip("Chromium (chromium or chromium-browser) is not installed")
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox)
-	alloc, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancel)
-	browser, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(cancel)
-	// Start the browser once, without a timeout, as chromedp asks.
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatal(err)
-	}
+	browser := browsertest.Start(t)
 
 	t.Run("dev mode task by keyboard", func(t *testing.T) { browserTask(t, browser) })
 	t.Run("errors", func(t *testing.T) { browserErrors(t, browser) })

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -26,6 +25,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"faregate/protect/redistest"
+
+	"faregate/web/browsertest"
 )
 
 // The end-to-end browser tests drive the real page, served by the real
@@ -35,7 +36,6 @@ import (
 //
 //	FAREGATE_BROWSER_TESTS=1 go test ./cmd/faregate -run Browser -v
 const (
-	browserTestsEnv = "FAREGATE_BROWSER_TESTS"
 	// browserArtifactsEnv names the directory for the screenshots; unset,
 	// they go to a temporary directory whose path is logged.
 	browserArtifactsEnv = "FAREGATE_TEST_ARTIFACTS"
@@ -87,10 +87,7 @@ const standInTurnstile = `(() => {
 // faregate servers, one Chromium for all of them and a fresh tab (and
 // usually a fresh server) per scenario.
 func TestBrowserEndToEnd(t *testing.T) {
-	if os.Getenv(browserTestsEnv) != "1" {
-		t.Skipf("set %s=1 to drive the page in headless Chromium", browserTestsEnv)
-	}
-	b := startChromium(t)
+	b := browsertest.Start(t)
 	shots := artifactDir(t)
 
 	t.Run("happy path on embedded defaults", func(t *testing.T) { browserHappyPath(t, b, shots) })
@@ -100,49 +97,6 @@ func TestBrowserEndToEnd(t *testing.T) {
 	t.Run("invalid input", func(t *testing.T) { browserInvalidInput(t, b, shots) })
 	t.Run("model markup stays text", func(t *testing.T) { browserModelMarkup(t, b, shots) })
 	t.Run("chinese locale", func(t *testing.T) { browserChinese(t, b, shots) })
-}
-
-// startChromium launches one headless Chromium with a fresh profile. A
-// missing binary fails the test in CI and skips it elsewhere.
-func startChromium(t *testing.T) context.Context {
-	t.Helper()
-	path := ""
-	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			path = p
-			break
-		}
-	}
-	if path == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("Chromium (chromium or chromium-browser) is not installed")
-		}
-		t.Skip("Chromium (chromium or chromium-browser) is not installed")
-	}
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("disable-quic", true),
-		// Containers often have a tiny /dev/shm; Chromium crashes when it fills.
-		chromedp.Flag("disable-dev-shm-usage", true),
-	}
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(cancel)
-	// Start the browser once, without a deadline: chromedp ties the
-	// browser's life to the first context that runs an action.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting %s: %v", path, err)
-	}
-	return ctx
 }
 
 // artifactDir is where screenshots go: FAREGATE_TEST_ARTIFACTS or a
