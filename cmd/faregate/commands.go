@@ -9,8 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 )
@@ -31,19 +29,9 @@ func runUsage(ctx context.Context, args []string, getenv func(string) string, st
 	if raw == "" {
 		return errors.New("usage: FAREGATE_REDIS_URL is not set; the embedded Redis lives inside the serving process and cannot be read from here")
 	}
-	var rdb redis.UniversalClient
-	if getenv("FAREGATE_REDIS_CLUSTER") == "true" {
-		opt, err := redis.ParseClusterURL(raw)
-		if err != nil {
-			return fmt.Errorf("usage: FAREGATE_REDIS_URL: %w", err)
-		}
-		rdb = redis.NewClusterClient(opt)
-	} else {
-		opt, err := redis.ParseURL(raw)
-		if err != nil {
-			return fmt.Errorf("usage: FAREGATE_REDIS_URL: %w", err)
-		}
-		rdb = redis.NewClient(opt)
+	rdb, err := newRedis(raw, getenv("FAREGATE_REDIS_CLUSTER") == "true", 3)
+	if err != nil {
+		return fmt.Errorf("usage: %w", err)
 	}
 	defer rdb.Close()
 	totals, err := budget.NewLedger(rdb, nil).Totals(ctx, *day)

@@ -191,43 +191,34 @@ type redisClients struct {
 }
 
 // openRedis connects to FAREGATE_REDIS_URL, or starts the embedded miniredis.
-// Short timeouts make a hung Redis a quick 503 rather than a hung request.
 func openRedis(ctx context.Context, cfg *config, stdout io.Writer) (redisClients, func(), error) {
-	tune := func(o *redis.Options, retries int) *redis.Options {
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 3*time.Second
-		o.MaxRetries = retries
-		return o
-	}
-	if cfg.RedisURL == "" {
+	url := cfg.RedisURL
+	cluster := cfg.RedisCluster
+	var stopMini func()
+	if url == "" {
 		m := miniredis.NewMiniRedis()
 		if err := m.Start(); err != nil {
 			return redisClients{}, nil, fmt.Errorf("embedded redis: %w", err)
 		}
-		c := redisClients{
-			main:  redis.NewClient(tune(&redis.Options{Addr: m.Addr()}, 3)),
-			quota: redis.NewClient(tune(&redis.Options{Addr: m.Addr()}, -1)),
-		}
-		return c, func() { _ = c.main.Close(); _ = c.quota.Close(); m.Close() }, nil
+		url, cluster, stopMini = "redis://"+m.Addr(), false, m.Close
 	}
 	var c redisClients
-	if cfg.RedisCluster {
-		opt, err := redis.ParseClusterURL(cfg.RedisURL)
-		if err != nil {
-			return c, nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
+	var err error
+	if c.main, err = newRedis(url, cluster, 3); err != nil {
+		return c, nil, err
+	}
+	if c.quota, err = newRedis(url, cluster, -1); err != nil {
+		return c, nil, err
+	}
+	closeAll := func() {
+		_ = c.main.Close()
+		_ = c.quota.Close()
+		if stopMini != nil {
+			stopMini()
 		}
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 3*time.Second
-		c.main = redis.NewClusterClient(opt)
-		q := *opt
-		q.MaxRetries = -1
-		c.quota = redis.NewClusterClient(&q)
-	} else {
-		opt, err := redis.ParseURL(cfg.RedisURL)
-		if err != nil {
-			return c, nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
-		}
-		q := *opt
-		c.main = redis.NewClient(tune(opt, 3))
-		c.quota = redis.NewClient(tune(&q, -1))
+	}
+	if stopMini != nil {
+		return c, closeAll, nil
 	}
 	// Not fatal: faregate starts and fails closed (503) until Redis answers,
 	// and /readyz says so.
@@ -236,7 +227,31 @@ func openRedis(ctx context.Context, cfg *config, stdout io.Writer) (redisClients
 	if err := c.main.Ping(pctx).Err(); err != nil {
 		fmt.Fprintf(stdout, "faregate: redis not answering yet (%v); refusing tasks with 503 until it does\n", redactURLError(err))
 	}
-	return c, func() { _ = c.main.Close(); _ = c.quota.Close() }, nil
+	return c, closeAll, nil
+}
+
+// newRedis builds a client for a redis:// or rediss:// URL (a Cluster
+// with cluster set; further nodes as ?addr=host:port). Short timeouts make a
+// hung Redis a quick 503 rather than a hung request. retries is go-redis's
+// MaxRetries (-1: none).
+func newRedis(url string, cluster bool, retries int) (redis.UniversalClient, error) {
+	const timeout = 2 * time.Second
+	if cluster {
+		opt, err := redis.ParseClusterURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
+		}
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout+time.Second
+		opt.MaxRetries = retries
+		return redis.NewClusterClient(opt), nil
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
+	}
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout+time.Second
+	opt.MaxRetries = retries
+	return redis.NewClient(opt), nil
 }
 
 // redactURLError keeps credentials that a URL error might quote out of logs.
