@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"faregate/protect/redistest"
+)
+
+// TestSoakTwoReplicasExactQuota is the heavy version of the exactness test,
+// run by .ci/run (FAREGATE_SOAK=1): 3000 creations from 1000 visitors spread
+// over two replicas sharing one Redis, 2 tasks per visitor, 1500 for the
+// site. Every limit must hold exactly: 1500 admitted, no visitor above 2.
+func TestSoakTwoReplicasExactQuota(t *testing.T) {
+	if os.Getenv("FAREGATE_SOAK") != "1" {
+		t.Skip("set FAREGATE_SOAK=1 for the soak tests (.ci/run does)")
+	}
+	be := redistest.Real(t)
+	env := realRedisEnv(be.URL, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "2", "FAREGATE_GLOBAL_DAILY_LIMIT": "1500",
+		"FAREGATE_TRUSTED_PROXIES": "127.0.0.1", "FAREGATE_DAILY_TOKEN_BUDGET": "100000000", "FAREGATE_IP_DAILY_TOKENS": "1000000",
+		"FAREGATE_WEATHER_URL": deadURL(t), "FAREGATE_GEOCODING_URL": deadURL(t), "FAREGATE_LOG_LEVEL": "warn"})
+	a, b := startServer(t, env), startServer(t, env)
+	codes := hammer(t, 3000, func(i int) reply {
+		base := a.URL
+		if i%2 == 1 {
+			base = b.URL
+		}
+		v := i % 1000
+		return do(t, "POST", base+"/api/tasks", taskBody("Rome"),
+			map[string]string{"X-Forwarded-For": fmt.Sprintf("2001:db8:%x::1", v)})
+	})
+	if codes["202"] != 1500 {
+		t.Fatalf("admitted %d, want exactly 1500: %v", codes["202"], codes)
+	}
+	ctx := context.Background()
+	keys, err := be.Client.Keys(ctx, "faregate:quota:*:ip:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, k := range keys {
+		n, _ := be.Client.Get(ctx, k).Int()
+		if n > 2 {
+			t.Fatalf("%s = %d, above the visitor limit", k, n)
+		}
+		total += n
+	}
+	if total != 1500 {
+		t.Fatalf("visitor counters sum to %d, want 1500", total)
+	}
+	for k, n := range codes {
+		if k != "202" && !strings.HasPrefix(k, "429 ") {
+			t.Fatalf("unexpected answers %s × %d", k, n)
+		}
+	}
+	t.Logf("soak: 3000 creations, 1000 visitors, 2 replicas: %v; %d visitor keys", codes, len(keys))
+}
