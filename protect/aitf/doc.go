@@ -18,13 +18,13 @@
 //	#  name            w     measures
 //	0  recursion       0.65  recursion_depth, recursion_limit, max_hops, max_iterations, chain_depth (1.0);
 //	                         max_depth, max_steps, hops (0.6); depth (0.3). Value v: (v-1)/2, so 1 → 0, 3+ → 1
-//	1  noninteractive  0.50  mode/run_mode/execution_mode/agent_mode of batch, auto, autonomous, auto_chain,
-//	                         chain, agent, pipeline, headless, unattended, loop kinds; interactive: false;
+//	1  noninteractive  0.50  mode/run_mode/execution_mode/agent_mode of batch*, bulk*, autonomous*, auto_chain*,
+//	                         chain, agent, pipeline*, headless, unattended kinds (not a theme's "auto"); interactive: false;
 //	                         human_in_the_loop: false; headless/unattended/autonomous/auto_approve: true
 //	2  context         0.45  context_window, context_length, num_ctx, max_context… against the 4096 default:
 //	                         log2(v/4096)/3, so 4096 → 0, 8192 → 0.33, 32768+ → 1
-//	3  chunking        0.45  chunk_size, chunk_overlap, chunk_strategy, text_splitter…: one key 0.5, two 1
-//	4  retry           0.45  retry_strategy, retry_policy, max_retries, max_attempts, backoff…: one key 0.5, two 1
+//	3  chunking        0.45  chunk_size, chunk_overlap, chunk_strategy, text_splitter…: any one key 1
+//	4  retry           0.45  retry_strategy, retry_policy, max_retries, max_attempts, backoff…: any one key 1
 //	5  toolcall        0.70  tool_call_id, tool_use_id, tool_calls, function_call (1.0); function inside
 //	                         tool_calls (1.0), function object (0.6) or string (0.2); tool_choice (0.8);
 //	                         tool_name (0.5); tools list (0.25)

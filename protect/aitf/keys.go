@@ -50,13 +50,18 @@ func aggOf(dim uint8) agg {
 }
 
 // countCurve maps the number of distinct keys seen to a dimension value.
+// One chunking or retry key is already a whole signal (ordinary APIs do
+// not send them); one sampling key is half of one, since a thermostat may
+// well take a "temperature".
 func countCurve(dim uint8, n uint8) float64 {
 	switch {
 	case n == 0:
 		return 0
+	case dim != dimSampling:
+		return 1
 	case n == 1:
 		return 0.5
-	case dim == dimSampling && n == 2:
+	case n == 2:
 		return 0.8
 	}
 	return 1
@@ -226,13 +231,18 @@ func lookupKey(b []byte) keySpec {
 }
 
 // agentMode reports whether a normalised mode value names a batch or
-// auto-chain kind; "dark", "light", "fast" and the like do not.
+// auto-chain kind ("batch_process" arrives as "batchprocess"); "dark",
+// "light", "auto" (a theme), "loop" (a player) and the like do not.
 func agentMode(v []byte) bool {
 	switch string(v) {
-	case "batch", "bulk", "auto", "autonomous", "autochain", "autochained", "chain", "chained",
-		"agent", "agentic", "pipeline", "headless", "noninteractive", "unattended", "loop",
-		"autopilot", "autorun", "background", "swarm", "crew", "multiagent", "react", "plan":
+	case "chain", "chained", "agent", "react", "swarm", "crew":
 		return true
+	}
+	for _, p := range [...]string{"batch", "bulk", "autochain", "autonomous", "autopilot", "autorun", "agentic",
+		"multiagent", "pipeline", "headless", "noninteractive", "unattended"} {
+		if bytes.HasPrefix(v, []byte(p)) {
+			return true
+		}
 	}
 	return false
 }
