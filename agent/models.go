@@ -53,10 +53,17 @@ func NewOpenAI(o OpenAIOptions) (Model, error) {
 	if name == "" {
 		name = "gpt-3.5-turbo" // the provider's own default, named so the ledger says so
 	}
-	opts := []openai.Option{openai.WithBaseURL(o.BaseURL), openai.WithToken(token), openai.WithModel(name)}
+	// Every call streams; the shim keeps servers that answer in one piece usable.
+	hc := &http.Client{}
 	if o.HTTPClient != nil {
-		opts = append(opts, openai.WithHTTPClient(o.HTTPClient))
+		*hc = *o.HTTPClient
 	}
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	hc.Transport = streamShim{next: base}
+	opts := []openai.Option{openai.WithBaseURL(o.BaseURL), openai.WithToken(token), openai.WithModel(name), openai.WithHTTPClient(hc)}
 	m, err := openai.New(opts...)
 	if err != nil {
 		return Model{}, fmt.Errorf("agent: openai model %s: %w", o.BaseURL, err)

@@ -444,3 +444,22 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		}
 	})
 }
+
+// TestServerThatIgnoresStreaming: a server answering stream requests with
+// one JSON completion (tool calls included) still drives a run to success.
+func TestServerThatIgnoresStreaming(t *testing.T) {
+	llm := newFakeLLM(t, func(req chatRequest, n int) fakeReply {
+		rep := plannerScript(2)(req, n)
+		rep.Plain = true
+		return rep
+	})
+	s := startServer(t, map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(), "FAREGATE_WEATHER_URL": deadURL(t)})
+	r := do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Lisbon","days":2}`, nil)
+	task := waitTask(t, s.URL, r.Body["id"].(string))
+	if task["status"] != "succeeded" || len(llm.Requests()) != 3 {
+		t.Fatalf("task %v after %d model calls", task, len(llm.Requests()))
+	}
+	if u := task["usage"].(map[string]any); u["prompt_tokens"].(float64) != 300 {
+		t.Errorf("provider usage not taken: %v", u)
+	}
+}

@@ -58,6 +58,9 @@ type fakeReply struct {
 	Forever bool
 	// NoUsage omits the usage chunk.
 	NoUsage bool
+	// Plain answers with one JSON chat.completion even when asked to stream,
+	// as some servers do.
+	Plain bool
 }
 
 // fakeLLM is an OpenAI-compatible server speaking streaming
@@ -121,7 +124,7 @@ func (f *fakeLLM) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"error":{"message":"scripted failure","type":"server_error"}}`)
 		return
 	}
-	if !req.Stream {
+	if !req.Stream || rep.Plain {
 		f.answerPlain(w, req, rep)
 		return
 	}
