@@ -156,6 +156,8 @@ func (w *Workflow) Run(ctx context.Context, rec *Record, progress Progress) erro
 		r.defs = append(r.defs, t.Definition())
 	}
 	r.msgs = initialMessages(rec.Request)
+	// With no tool calls allowed, offering tools would only invite refusals.
+	r.noTools = w.cfg.MaxToolCalls == 0
 
 	// The loop gets the run's time minus a reserve for the closing call, so a
 	// run that hits its wall clock still ends with an answer.
