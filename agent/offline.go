@@ -277,9 +277,11 @@ func composePlan(req Request, obs []observation) string {
 	var days []Day
 	for d := 1; d <= req.Days; d++ {
 		var items []string
-		title := fmt.Sprintf("Day %d in %s", d, g.city)
+		// Titles name the day's area; the day number is a field of its own
+		// (the page prints "Day N" itself).
+		title := "Around " + g.city
 		if n, ok := pick(g.neighbourhoods, d-1); ok {
-			title = fmt.Sprintf("Day %d: %s", d, entryName(n))
+			title = entryName(n)
 		}
 		if s, _ := nextSight(""); s != "" {
 			items = append(items, "Morning: "+clip(s, 220))
