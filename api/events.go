@@ -39,7 +39,9 @@ func handleTaskEvents(d Deps) http.Handler {
 
 		rc := http.NewResponseController(w)
 		// SSE outlives the server's write timeout by design.
-		_ = rc.SetWriteDeadline(time.Time{})
+		if err := rc.SetWriteDeadline(time.Time{}); err != nil {
+			Logger(r.Context(), d.Logger).Warn("event stream keeps the write timeout", "err", err.Error())
+		}
 		h := w.Header()
 		h.Set("Content-Type", "text/event-stream; charset=utf-8")
 		h.Set("Cache-Control", "no-store")
