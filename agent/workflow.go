@@ -576,7 +576,8 @@ func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, pr
 		choice = resp.Choices[0]
 	}
 
-	// Settle with what the provider reported, else what we counted.
+	// Settle with what the provider reported, else what we counted (a
+	// failed or cut call is charged what it streamed).
 	promptUsed, completion := prompt, outToks
 	if choice != nil && cut == "" {
 		if p, c, ok := reportedUsage(choice); ok {
@@ -584,10 +585,6 @@ func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, pr
 		} else if completion == 0 {
 			completion = EstimateTokens(choice.Content) + toolCallTokens(choice)
 		}
-	}
-	if err != nil && cut == "" {
-		// A failed call may still have streamed output; charge what came.
-		completion = outToks
 	}
 	charged, serr := r.w.budget.Settle(context.WithoutCancel(ctx), res, promptUsed+completion)
 	if serr != nil {

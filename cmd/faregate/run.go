@@ -161,7 +161,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 			}
 			return ""
 		},
-		Route:  routePattern,
+		Route:  api.RoutePattern,
 		Refuse: api.RefuseAITF,
 		Logger: lg, Registerer: reg,
 	})
@@ -310,9 +310,6 @@ func buildToolbox(cfg *config, ix *guide.Index, lg *slog.Logger) agent.Toolbox {
 		return tools.All(apis.Session(so).Client(), pages.Session(so).Client(), tcfg)
 	}
 }
-
-// routePattern is the chi route pattern of a request, for metric labels.
-func routePattern(r *http.Request) string { return api.RoutePattern(r) }
 
 // serve listens, prints the address and serves until ctx ends, then shuts
 // down gracefully: stop accepting, let running tasks finish within the

@@ -111,9 +111,7 @@ func GlobalKey(day string) string { return "faregate:quota:{" + day + "}:global"
 
 // UntilReset is the time from now to the next UTC midnight, at least 1s.
 func UntilReset(now time.Time) time.Duration {
-	u := now.UTC()
-	next := time.Date(u.Year(), u.Month(), u.Day()+1, 0, 0, 0, 0, time.UTC)
-	d := next.Sub(u)
+	d := nextMidnight(now).Sub(now)
 	if d < time.Second {
 		d = time.Second
 	}
