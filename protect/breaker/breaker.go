@@ -4,16 +4,16 @@
 // SlowRatio; after OpenFor it lets HalfOpenProbes probe calls through, and
 // closes when they all succeed in time or reopens at the first bad one.
 //
-// sony/gobreaker/v2 runs the state machine (open timer, half-open probe
-// limit, generations that discard results of calls begun in an earlier
-// state). Its counts only know success and failure, and it consults
-// ReadyToTrip only after a failure, so this package keeps its own rolling
-// window of calls, failures and slow calls, bucketed like gobreaker's and
-// cleared at the same state changes, and judges each ratio against its own
-// threshold there. A slow call that succeeded is reported to gobreaker as a
-// failure (errSlow) so that gobreaker asks ReadyToTrip, and so that a slow
-// probe reopens the breaker; a success that brings the window over a
-// threshold (the MinCalls-th call, say) is reported the same way (errTrip).
+// The package runs one small state machine of its own under one mutex:
+// closed → open → half-open → closed or open again. Failures and slow
+// calls are counted apart, which the common libraries' success/failure
+// counts cannot do. Every change of state starts a new generation and an
+// empty window, and the result of a call begun in an earlier generation is
+// discarded: it describes a provider the breaker has already judged.
+//
+// All time comes from Settings.Now: the window's buckets, the open timer
+// and the duration that makes a call slow. Tests move that clock instead of
+// waiting.
 package breaker
 
 import (
@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sony/gobreaker/v2"
 
 	"faregate/protect/promreg"
 )
@@ -33,15 +32,6 @@ import (
 // ErrOpen is returned, without calling the function, while the breaker is
 // open, or half-open with all its probes already in flight.
 var ErrOpen = errors.New("breaker: open")
-
-var (
-	// errSlow reports a successful but slow call to gobreaker as a failure.
-	errSlow = errors.New("breaker: slow call")
-	// errTrip reports a successful call after which the window trips.
-	errTrip = errors.New("breaker: window over threshold")
-	// errExcluded marks a call the caller canceled: gobreaker ignores it.
-	errExcluded = errors.New("breaker: canceled by caller")
-)
 
 // State is the breaker's state as logs and metrics name it.
 type State string
@@ -76,6 +66,9 @@ type Settings struct {
 	HalfOpenProbes uint32
 	// Name labels logs and metrics ("model").
 	Name string
+	// Now is the clock for the window, the open timer and call durations
+	// (time.Now).
+	Now func() time.Time
 }
 
 func (s Settings) withDefaults() Settings {
@@ -103,25 +96,38 @@ func (s Settings) withDefaults() Settings {
 	if s.Name == "" {
 		s.Name = "model"
 	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
 	return s
 }
 
 // Breaker guards calls to one provider. It is safe for concurrent use.
 type Breaker struct {
-	s  Settings
-	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
-	lg *slog.Logger
+	s       Settings
+	lg      *slog.Logger
+	refusal error // ErrOpen with the breaker's name, built once
 
 	state       prometheus.Gauge
 	transitions *prometheus.CounterVec
 
-	// mu guards the fields below. Lock order: gobreaker's mutex, then mu
-	// (gobreaker calls readyToTrip and onStateChange holding its own);
-	// so mu is never held while calling into gobreaker.
 	mu      sync.Mutex
-	gen     uint64 // bumped at every state change, like gobreaker's generation
 	current State
-	win     *window
+	gen     uint64    // bumped at every state change
+	since   time.Time // when current was entered
+	win     *window   // calls ended in this generation
+	probes  uint32    // half-open: slots taken by probes running or passed
+	passed  uint32    // half-open: probes that succeeded in time
+	pending []change  // state changes not yet announced, oldest first
+	// announcing is set while one goroutine announces pending changes, so
+	// that changes are announced one at a time and in order, outside mu.
+	announcing bool
+}
+
+// change is one state change, kept for its log line.
+type change struct {
+	from, to State
+	window   counts // the ended generation's window
 }
 
 // New returns a closed Breaker. lg may be nil (no logs); reg may be nil
@@ -132,7 +138,11 @@ func New(s Settings, lg *slog.Logger, reg prometheus.Registerer) *Breaker {
 	if lg == nil {
 		lg = slog.New(slog.DiscardHandler)
 	}
-	b := &Breaker{s: s, lg: lg, current: Closed, win: newWindow(s.Window, time.Now())}
+	now := s.Now()
+	b := &Breaker{
+		s: s, lg: lg, refusal: fmt.Errorf("%w: %s", ErrOpen, s.Name),
+		current: Closed, since: now, win: newWindow(s.Window, now),
+	}
 	gauge := promreg.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "faregate_breaker_state",
 		Help: "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
@@ -146,22 +156,19 @@ func New(s Settings, lg *slog.Logger, reg prometheus.Registerer) *Breaker {
 		b.transitions.WithLabelValues(string(st))
 	}
 	b.state.Set(stateValue[Closed])
-	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:          s.Name,
-		MaxRequests:   s.HalfOpenProbes,
-		Interval:      s.Window,
-		BucketPeriod:  s.Window / buckets,
-		Timeout:       s.OpenFor,
-		ReadyToTrip:   func(gobreaker.Counts) bool { return b.trips() },
-		OnStateChange: b.onStateChange,
-		IsExcluded:    func(err error) bool { return errors.Is(err, errExcluded) },
-	})
 	return b
 }
 
 // State is the current state; an open breaker whose OpenFor has passed
-// reports half-open.
-func (b *Breaker) State() State { return fromGobreaker(b.cb.State()) }
+// reports half-open (and becomes half-open: the change is logged then).
+func (b *Breaker) State() State {
+	b.mu.Lock()
+	b.expireLocked(b.s.Now())
+	st := b.current
+	b.mu.Unlock()
+	b.announce()
+	return st
+}
 
 // Do calls fn unless the breaker refuses (ErrOpen), and returns fn's error.
 // The call's outcome feeds the window: an error is a failure; a call that
@@ -170,71 +177,95 @@ func (b *Breaker) State() State { return fromGobreaker(b.cb.State()) }
 // because it says nothing about the provider: the visitor left, or the
 // repetition detector cut a looping stream. A caller's deadline, by
 // contrast, is a bound the provider failed to meet and counts as a failure.
-func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) (err error) {
-	b.mu.Lock()
-	gen := b.gen
-	b.mu.Unlock()
-	done, refused := b.cb.Allow()
-	if refused != nil {
-		return fmt.Errorf("%w: %s", ErrOpen, b.s.Name)
+// A panic in fn counts as a failure and goes on unrecovered.
+func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	gen, ok := b.admit()
+	if !ok {
+		return b.refusal
 	}
-	// A state change between reading gen and Allow means the call may
-	// belong to either generation: it is left out of the window, as
-	// gobreaker leaves out results from a generation that has ended.
-	b.mu.Lock()
-	counted := b.gen == gen
-	b.mu.Unlock()
-
-	began := time.Now()
+	began := b.s.Now()
+	returned := false
 	defer func() {
-		// A panic is a failure too; without a report a half-open probe
-		// slot would stay taken forever.
-		if p := recover(); p != nil {
-			done(b.record(ctx, gen, counted, fmt.Errorf("breaker: panic: %v", p), time.Since(began)))
-			panic(p)
+		// fn panicked (or called runtime.Goexit): count a failure, or a
+		// half-open probe slot would stay taken forever. Not recovering
+		// keeps the panic's own stack trace.
+		if !returned {
+			b.finish(gen, true, false, b.s.Now().Sub(began))
 		}
 	}()
-	err = fn(ctx)
-	done(b.record(ctx, gen, counted, err, time.Since(began)))
+	err := fn(ctx)
+	returned = true
+	canceled := err != nil && errors.Is(ctx.Err(), context.Canceled)
+	b.finish(gen, err != nil, canceled, b.s.Now().Sub(began))
 	return err
 }
 
-// record puts the call's outcome in the window and returns what gobreaker
-// must be told: nil for a success, an error for anything it must count as a
-// failure, errExcluded for a call it must ignore.
-func (b *Breaker) record(ctx context.Context, gen uint64, counted bool, err error, took time.Duration) error {
-	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
-		return errExcluded
+// admit decides whether a call may run and returns the generation it
+// belongs to.
+func (b *Breaker) admit() (gen uint64, ok bool) {
+	b.mu.Lock()
+	b.expireLocked(b.s.Now())
+	switch b.current {
+	case Open:
+		ok = false
+	case HalfOpen:
+		ok = b.probes < b.s.HalfOpenProbes
+		if ok {
+			b.probes++
+		}
+	default:
+		ok = true
 	}
+	gen = b.gen
+	b.mu.Unlock()
+	b.announce()
+	return gen, ok
+}
+
+// finish records the outcome of a call admitted in generation gen and
+// moves the state if the outcome decides it.
+func (b *Breaker) finish(gen uint64, failed, canceled bool, took time.Duration) {
 	slow := took > b.s.SlowCall
 	b.mu.Lock()
-	trips := false
-	if counted && b.gen == gen {
-		b.win.add(time.Now(), err != nil, slow)
-		trips = b.current == Closed && b.tripsLocked()
+	// A result from an earlier generation is dropped; since every state
+	// change bumps gen, a current one was admitted in the current state,
+	// closed or half-open (open admits nothing).
+	if gen != b.gen {
+		b.mu.Unlock()
+		return
+	}
+	if canceled {
+		// Not counted; a probe's slot goes to the next caller.
+		if b.current == HalfOpen {
+			b.probes--
+		}
+		b.mu.Unlock()
+		return
+	}
+	now := b.s.Now()
+	b.win.add(now, failed, slow)
+	switch b.current {
+	case Closed:
+		if b.tripsLocked(now) {
+			b.setLocked(Open, now)
+		}
+	case HalfOpen:
+		if failed || slow {
+			b.setLocked(Open, now)
+			break
+		}
+		b.passed++
+		if b.passed >= b.s.HalfOpenProbes {
+			b.setLocked(Closed, now)
+		}
 	}
 	b.mu.Unlock()
-	switch {
-	case err != nil:
-		return err
-	case slow:
-		return errSlow
-	case trips:
-		return errTrip
-	}
-	return nil
+	b.announce()
 }
 
-// trips is gobreaker's ReadyToTrip: the decision comes from this package's
-// window, not from gobreaker's success/failure counts.
-func (b *Breaker) trips() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.tripsLocked()
-}
-
-func (b *Breaker) tripsLocked() bool {
-	c := b.win.sum(time.Now())
+// tripsLocked judges the window: both ratios, once it holds MinCalls calls.
+func (b *Breaker) tripsLocked(now time.Time) bool {
+	c := b.win.sum(now)
 	if c.total == 0 || c.total < b.s.MinCalls {
 		return false
 	}
@@ -242,30 +273,54 @@ func (b *Breaker) tripsLocked() bool {
 	return float64(c.failures)/t >= b.s.FailureRatio || float64(c.slow)/t >= b.s.SlowRatio
 }
 
-// onStateChange runs inside gobreaker at every transition: it starts a new
-// window generation, logs one line and moves the metrics.
-func (b *Breaker) onStateChange(_ string, from, to gobreaker.State) {
-	now := time.Now()
-	b.mu.Lock()
-	c := b.win.sum(now)
-	b.gen++
-	b.current = fromGobreaker(to)
-	b.win.reset(now)
-	b.mu.Unlock()
-	st := fromGobreaker(to)
-	b.state.Set(stateValue[st])
-	b.transitions.WithLabelValues(string(st)).Inc()
-	b.lg.Info("breaker state changed", "breaker", b.s.Name,
-		"from", string(fromGobreaker(from)), "to", string(st),
-		"window_calls", c.total, "window_failures", c.failures, "window_slow", c.slow)
+// expireLocked turns an open breaker whose OpenFor has passed half-open.
+// It runs whenever the state is read, so no timer is needed.
+func (b *Breaker) expireLocked(now time.Time) {
+	if b.current == Open && now.Sub(b.since) >= b.s.OpenFor {
+		b.setLocked(HalfOpen, now)
+	}
 }
 
-func fromGobreaker(s gobreaker.State) State {
-	switch s {
-	case gobreaker.StateOpen:
-		return Open
-	case gobreaker.StateHalfOpen:
-		return HalfOpen
+// setLocked enters state to: a new generation with an empty window and no
+// probes, the metrics moved, and the change queued for announce.
+func (b *Breaker) setLocked(to State, now time.Time) {
+	b.pending = append(b.pending, change{from: b.current, to: to, window: b.win.sum(now)})
+	b.current, b.since = to, now
+	b.gen++
+	b.probes, b.passed = 0, 0
+	b.win.reset(now)
+	// The metrics move under mu so that they always show the latest state.
+	b.state.Set(stateValue[to])
+	b.transitions.WithLabelValues(string(to)).Inc()
+}
+
+// announce logs queued state changes outside mu. Only one goroutine
+// announces at a time, draining the queue, so the lines come out in the
+// order the changes happened even when two callers cause changes at once.
+func (b *Breaker) announce() {
+	for {
+		b.mu.Lock()
+		if b.announcing || len(b.pending) == 0 {
+			b.mu.Unlock()
+			return
+		}
+		batch := b.pending
+		b.pending, b.announcing = nil, true
+		b.mu.Unlock()
+		func() {
+			// Cleared even if a log handler panics, or no change would
+			// ever be announced again.
+			defer func() {
+				b.mu.Lock()
+				b.announcing = false
+				b.mu.Unlock()
+			}()
+			for _, c := range batch {
+				b.lg.Info("breaker state changed", "breaker", b.s.Name,
+					"from", string(c.from), "to", string(c.to),
+					"window_calls", c.window.total, "window_failures", c.window.failures,
+					"window_slow", c.window.slow)
+			}
+		}()
 	}
-	return Closed
 }

@@ -9,26 +9,49 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// short are the test settings: small enough to keep the suite fast, with
-// slow calls (60ms) well apart from fast ones (microseconds).
-var short = Settings{Window: time.Second, OpenFor: 200 * time.Millisecond, SlowCall: 50 * time.Millisecond, Name: "test"}
+// The tests run on the default settings (60s window, 10 calls, ratios
+// 0.2 and 0.1, 20s slow call, 30s open, 3 probes) and a fake clock that
+// only moves when a test moves it. Calls held in flight run in a synctest
+// bubble, whose Wait tells when they have parked inside fn.
 
 var errProvider = errors.New("provider: 502")
+
+// clock is a fake clock the tests move by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
 
 // outcome is what one fake provider call does.
 type outcome int
 
 const (
-	ok outcome = iota
-	fail
-	slow     // succeeds after 60ms
-	canceled // the caller cancels it
+	ok       outcome = iota
+	fail             // returns errProvider at once
+	slow             // succeeds after 21s, past the 20s SlowCall
+	canceled         // the caller cancels it; fn returns ctx.Err()
+	deadline         // the caller's deadline passes; fn returns ctx.Err()
 )
 
 func repeat(o outcome, n int) []outcome {
@@ -47,30 +70,6 @@ func seq(parts ...[]outcome) []outcome {
 	return out
 }
 
-// call runs one outcome through b and reports whether fn ran.
-func call(t *testing.T, b *Breaker, o outcome) (ran bool, err error) {
-	t.Helper()
-	ctx := context.Background()
-	if o == canceled {
-		c, cancel := context.WithCancel(ctx)
-		cancel()
-		ctx = c
-	}
-	err = b.Do(ctx, func(ctx context.Context) error {
-		ran = true
-		switch o {
-		case fail:
-			return errProvider
-		case slow:
-			time.Sleep(60 * time.Millisecond) // the slowness under test
-		case canceled:
-			return ctx.Err()
-		}
-		return nil
-	})
-	return ran, err
-}
-
 // logBuf collects log output from concurrent goroutines.
 type logBuf struct {
 	mu sync.Mutex
@@ -86,215 +85,434 @@ func (l *logBuf) Write(p []byte) (int, error) {
 func (l *logBuf) lines() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
+	s := strings.TrimSpace(l.b.String())
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
 }
 
-func newTest(t *testing.T, s Settings) (*Breaker, *logBuf, *prometheus.Registry) {
+// fixture is a breaker on a fake clock with its logs and registry.
+type fixture struct {
+	t    *testing.T
+	b    *Breaker
+	s    Settings // as given to New, before defaults
+	clk  *clock
+	logs *logBuf
+	reg  *prometheus.Registry
+}
+
+// newFixture builds a breaker named "test" on a fake clock; edit, if not
+// nil, changes the settings first.
+func newFixture(t *testing.T, edit func(*Settings)) *fixture {
 	t.Helper()
-	var lb logBuf
-	reg := prometheus.NewRegistry()
-	return New(s, slog.New(slog.NewTextHandler(&lb, nil)), reg), &lb, reg
+	f := &fixture{t: t, clk: newClock(), logs: &logBuf{}, reg: prometheus.NewRegistry()}
+	f.s = Settings{Name: "test", Now: f.clk.Now}
+	if edit != nil {
+		edit(&f.s)
+	}
+	f.b = New(f.s, slog.New(slog.NewTextHandler(f.logs, nil)), f.reg)
+	return f
+}
+
+// ctxFor returns the context a call with outcome o runs under.
+func ctxFor(o outcome) (context.Context, context.CancelFunc) {
+	switch o {
+	case canceled:
+		return context.WithCancel(context.Background())
+	case deadline:
+		return context.WithDeadline(context.Background(), time.Unix(0, 0))
+	}
+	return context.WithCancel(context.Background())
+}
+
+// behave is the body of a fake provider call with outcome o.
+func (f *fixture) behave(ctx context.Context, o outcome) error {
+	switch o {
+	case fail:
+		return errProvider
+	case slow:
+		f.clk.Advance(21 * time.Second)
+	case canceled, deadline:
+		return ctx.Err()
+	}
+	return nil
+}
+
+// call runs one call with outcome o through the breaker and reports
+// whether fn ran.
+func (f *fixture) call(o outcome) (ran bool, err error) {
+	ctx, cancel := ctxFor(o)
+	defer cancel()
+	if o == canceled {
+		cancel()
+	}
+	err = f.b.Do(ctx, func(ctx context.Context) error {
+		ran = true
+		return f.behave(ctx, o)
+	})
+	return ran, err
+}
+
+// mustRun runs calls that the breaker must admit.
+func (f *fixture) mustRun(calls ...outcome) {
+	f.t.Helper()
+	for i, o := range calls {
+		if ran, err := f.call(o); !ran {
+			f.t.Fatalf("call %d refused: %v", i, err)
+		}
+	}
+}
+
+// mustRefuse checks that a call is refused with ErrOpen and fn not run.
+func (f *fixture) mustRefuse() {
+	f.t.Helper()
+	ran, err := f.call(ok)
+	if ran || !errors.Is(err, ErrOpen) {
+		f.t.Fatalf("call ran=%v err=%v; want refused with ErrOpen", ran, err)
+	}
+}
+
+func (f *fixture) wantState(want State) {
+	f.t.Helper()
+	if got := f.b.State(); got != want {
+		f.t.Fatalf("state = %s; want %s", got, want)
+	}
+}
+
+// open trips a closed breaker with failures.
+func (f *fixture) open() {
+	f.t.Helper()
+	f.mustRun(repeat(fail, int(f.b.s.MinCalls))...)
+	f.wantState(Open)
+}
+
+// halfOpen trips the breaker and lets OpenFor pass.
+func (f *fixture) halfOpen() {
+	f.t.Helper()
+	f.open()
+	f.clk.Advance(f.b.s.OpenFor)
+	f.wantState(HalfOpen)
+}
+
+// held is a call parked inside fn until it is let go. Use it only inside
+// a synctest bubble.
+type held struct {
+	o       outcome
+	cancel  context.CancelFunc
+	release chan struct{}
+	done    chan struct{}
+	ran     bool
+	err     error
+}
+
+// hold starts a call with outcome o and returns once it is parked inside
+// fn or refused.
+func (f *fixture) hold(o outcome) *held {
+	ctx, cancel := ctxFor(o)
+	h := &held{o: o, cancel: cancel, release: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		h.err = f.b.Do(ctx, func(ctx context.Context) error {
+			h.ran = true
+			<-h.release
+			return f.behave(ctx, o)
+		})
+	}()
+	synctest.Wait()
+	return h
+}
+
+// finish lets a held call end with its outcome and waits for Do to return.
+func (h *held) finish() {
+	if h.o == canceled {
+		h.cancel()
+	}
+	close(h.release)
+	<-h.done
+	h.cancel()
 }
 
 func TestTrip(t *testing.T) {
 	cases := []struct {
 		name  string
+		edit  func(*Settings)
 		calls []outcome
 		want  State
 	}{
-		{"2 failures in 10 open", seq(repeat(ok, 8), repeat(fail, 2)), Open},
-		{"1 failure in 10 stays closed", seq(repeat(ok, 9), repeat(fail, 1)), Closed},
-		{"9 failures are below MinCalls", repeat(fail, 9), Closed},
-		{"a success that makes MinCalls trips", seq(repeat(fail, 2), repeat(ok, 8)), Open},
-		{"1 slow success in 10 opens", seq(repeat(ok, 9), repeat(slow, 1)), Open},
-		{"slow first, then successes", seq(repeat(slow, 1), repeat(ok, 9)), Open},
-		{"1 slow in 11 stays closed", seq(repeat(ok, 10), repeat(slow, 1)), Closed},
-		{"canceled calls are not counted", seq(repeat(canceled, 10), repeat(fail, 9)), Closed},
-		{"canceled calls do not dilute failures", seq(repeat(canceled, 10), repeat(ok, 8), repeat(fail, 2)), Open},
+		{"2 failures in 10 open", nil, seq(repeat(ok, 8), repeat(fail, 2)), Open},
+		{"1 failure in 10 stays closed", nil, seq(repeat(ok, 9), repeat(fail, 1)), Closed},
+		{"9 failures are below MinCalls", nil, repeat(fail, 9), Closed},
+		{"a success that makes MinCalls trips", nil, seq(repeat(fail, 2), repeat(ok, 8)), Open},
+		{"1 slow success in 10 opens", nil, seq(repeat(ok, 9), repeat(slow, 1)), Open},
+		{"slow first, then successes", nil, seq(repeat(slow, 1), repeat(ok, 9)), Open},
+		{"1 slow in 11 stays closed", nil, seq(repeat(ok, 10), repeat(slow, 1)), Closed},
+		{"a caller's deadline is a failure", nil, seq(repeat(ok, 8), repeat(deadline, 2)), Open},
+		{"canceled calls are not counted", nil, seq(repeat(canceled, 10), repeat(fail, 9)), Closed},
+		{"canceled calls do not dilute failures", nil, seq(repeat(canceled, 10), repeat(ok, 8), repeat(fail, 2)), Open},
+		{"MinCalls 3", func(s *Settings) { s.MinCalls = 3 }, seq(repeat(ok, 2), repeat(fail, 1)), Open},
+		{"failure ratio above 1 never trips", func(s *Settings) { s.FailureRatio = 1.1 }, repeat(fail, 20), Closed},
+		{"slow ratio above 1 never trips", func(s *Settings) { s.SlowRatio = 1.1 }, repeat(slow, 2), Closed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b, lb, _ := newTest(t, short)
-			for i, o := range c.calls {
-				ran, err := call(t, b, o)
-				if !ran {
-					t.Fatalf("call %d refused early: %v", i, err)
-				}
-			}
-			if got := b.State(); got != c.want {
-				t.Fatalf("state = %s; want %s", got, c.want)
-			}
-			ran, err := call(t, b, ok)
+			f := newFixture(t, c.edit)
+			f.mustRun(c.calls...)
+			f.wantState(c.want)
 			if c.want == Open {
-				if ran || !errors.Is(err, ErrOpen) {
-					t.Fatalf("call on open breaker: ran=%v err=%v; want refused with ErrOpen", ran, err)
-				}
-				if l := lb.lines(); len(l) != 1 || !strings.Contains(l[0], "level=INFO") || !strings.Contains(l[0], "to=open") {
+				f.mustRefuse()
+				if l := f.logs.lines(); len(l) != 1 || !strings.Contains(l[0], "level=INFO") || !strings.Contains(l[0], "to=open") {
 					t.Fatalf("log = %q; want one INFO line for the opening", l)
 				}
-			} else if !ran || err != nil {
-				t.Fatalf("call on closed breaker: ran=%v err=%v", ran, err)
+				return
 			}
+			if l := f.logs.lines(); len(l) != 0 {
+				t.Fatalf("log = %q; want none", l)
+			}
+			f.mustRun(ok)
+		})
+	}
+}
+
+// TestWindowSlides: failures leave the window one bucket (Window/10) at a
+// time; once they have all left, successes start it afresh.
+func TestWindowSlides(t *testing.T) {
+	cases := []struct {
+		name  string
+		after time.Duration // between 9 failures and 10 successes
+		want  State
+	}{
+		{"failures a window ago are forgotten", time.Minute, Closed},
+		{"failures in the oldest bucket still count", time.Minute - 6*time.Second, Open},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			f.mustRun(repeat(fail, 9)...)
+			f.clk.Advance(c.after)
+			for range 10 {
+				f.call(ok)
+			}
+			f.wantState(c.want)
 		})
 	}
 }
 
 func TestErrorsPassThrough(t *testing.T) {
-	b, _, _ := newTest(t, short)
-	if _, err := call(t, b, fail); !errors.Is(err, errProvider) {
-		t.Fatalf("err = %v; want the provider's error", err)
+	f := newFixture(t, nil)
+	cases := []struct {
+		o    outcome
+		want error
+	}{
+		{fail, errProvider},
+		{canceled, context.Canceled},
+		{deadline, context.DeadlineExceeded},
+		{slow, nil},
+		{ok, nil},
 	}
-	if _, err := call(t, b, canceled); !errors.Is(err, context.Canceled) {
-		t.Fatalf("err = %v; want context.Canceled", err)
-	}
-	if _, err := call(t, b, slow); err != nil {
-		t.Fatalf("slow success returned %v", err)
+	for _, c := range cases {
+		if _, err := f.call(c.o); !errors.Is(err, c.want) {
+			t.Errorf("outcome %d: err = %v; want %v", c.o, err, c.want)
+		}
 	}
 }
 
-// waitState polls until the breaker reports want: OpenFor is real time
-// that must pass inside gobreaker, which has no clock to inject.
-func waitState(t *testing.T, b *Breaker, want State) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for b.State() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("state %s; never became %s", b.State(), want)
-		}
-		time.Sleep(5 * time.Millisecond)
+// TestOpen: an open breaker refuses without calling fn, naming itself,
+// until OpenFor has passed; then it reports half-open.
+func TestOpen(t *testing.T) {
+	f := newFixture(t, nil)
+	f.open()
+	_, err := f.call(ok)
+	if err == nil || err.Error() != "breaker: open: test" {
+		t.Fatalf("err = %v; want breaker: open: test", err)
 	}
+	f.clk.Advance(30*time.Second - time.Nanosecond)
+	f.mustRefuse()
+	f.wantState(Open)
+	f.clk.Advance(time.Nanosecond)
+	f.wantState(HalfOpen)
+	f.mustRun(ok)
 }
 
 func TestHalfOpen(t *testing.T) {
 	cases := []struct {
 		name   string
-		probes []outcome // results of the HalfOpenProbes probes, in order
-		want   State
+		probes []outcome // the HalfOpenProbes probes, ending in this order
+		after  []State   // the state after each probe ends
 	}{
-		{"probes succeed: closes", repeat(ok, 3), Closed},
-		{"a probe fails: reopens", seq(repeat(ok, 2), repeat(fail, 1)), Open},
-		{"a probe is slow: reopens", seq(repeat(ok, 2), repeat(slow, 1)), Open},
+		{"all probes succeed: closes", repeat(ok, 3), []State{HalfOpen, HalfOpen, Closed}},
+		{"the last probe fails: reopens", seq(repeat(ok, 2), repeat(fail, 1)), []State{HalfOpen, HalfOpen, Open}},
+		{"the last probe is slow: reopens", seq(repeat(ok, 2), repeat(slow, 1)), []State{HalfOpen, HalfOpen, Open}},
+		{"a probe's deadline passes: reopens", seq(repeat(ok, 1), repeat(deadline, 1), repeat(ok, 1)), []State{HalfOpen, Open, Open}},
+		{"the first probe fails: later results are dropped", seq(repeat(fail, 1), repeat(ok, 2)), []State{Open, Open, Open}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b, lb, reg := newTest(t, short)
-			for range 10 {
-				call(t, b, fail)
-			}
-			if b.State() != Open {
-				t.Fatalf("state = %s; want open", b.State())
-			}
-			waitState(t, b, HalfOpen)
-
-			// Start the probes and hold them inside fn.
-			release := make([]chan struct{}, len(c.probes))
-			entered := make(chan struct{}, len(c.probes))
-			var wg sync.WaitGroup
-			for i, o := range c.probes {
-				release[i] = make(chan struct{})
-				wg.Go(func() {
-					_ = b.Do(context.Background(), func(context.Context) error {
-						entered <- struct{}{}
-						<-release[i]
-						switch o {
-						case fail:
-							return errProvider
-						case slow:
-							time.Sleep(60 * time.Millisecond) // the slowness under test
-						}
-						return nil
-					})
-				})
-			}
-			for range c.probes {
-				<-entered
-			}
-			// Every probe slot is taken: the next call is refused unrun.
-			if ran, err := call(t, b, ok); ran || !errors.Is(err, ErrOpen) {
-				t.Fatalf("extra call in half-open: ran=%v err=%v", ran, err)
-			}
-			// In whatever order they finish, one bad probe reopens: either
-			// it comes first, or it meets a breaker still half-open since
-			// closing needs all HalfOpenProbes successes.
-			for _, r := range release {
-				close(r)
-			}
-			wg.Wait()
-			if got := b.State(); got != c.want {
-				t.Fatalf("state after probes = %s; want %s", got, c.want)
-			}
-			want := map[string]float64{"open": 1, "half-open": 1, "closed": 0}
-			want[string(c.want)]++
-			for to, n := range want {
-				if got := testutil.ToFloat64(b.transitions.WithLabelValues(to)); got != n {
-					t.Errorf("transitions{to=%s} = %v; want %v", to, got, n)
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture(t, nil)
+				f.halfOpen()
+				probes := make([]*held, len(c.probes))
+				for i, o := range c.probes {
+					probes[i] = f.hold(o)
+					if !probes[i].ran {
+						t.Fatalf("probe %d refused: %v", i, probes[i].err)
+					}
 				}
-			}
-			if got := testutil.ToFloat64(b.state); got != stateValue[c.want] {
-				t.Errorf("state gauge = %v; want %v", got, stateValue[c.want])
-			}
-			if n, err := testutil.GatherAndCount(reg, "faregate_breaker_state"); n != 1 || err != nil {
-				t.Errorf("state series = %d, %v", n, err)
-			}
-			if l := lb.lines(); len(l) != 3 {
-				t.Errorf("log lines = %d (%q); want 3 transitions", len(l), l)
-			}
+				// Every probe slot is taken: the next call is refused unrun.
+				f.mustRefuse()
+				for i, p := range probes {
+					p.finish()
+					f.wantState(c.after[i])
+				}
+				want := c.after[len(c.after)-1]
+				if l := f.logs.lines(); len(l) != 3 || !strings.Contains(l[2], "to="+string(want)) {
+					t.Errorf("log = %q; want 3 changes, the last to %s", l, want)
+				}
+			})
 		})
 	}
+}
+
+// TestReopen: a reopened breaker waits OpenFor again from the reopening,
+// then probes afresh with all its slots.
+func TestReopen(t *testing.T) {
+	f := newFixture(t, nil)
+	f.halfOpen()
+	f.clk.Advance(10 * time.Second)
+	f.mustRun(fail)
+	f.wantState(Open)
+	f.clk.Advance(30*time.Second - time.Nanosecond)
+	f.mustRefuse()
+	f.clk.Advance(time.Nanosecond)
+	f.mustRun(ok, ok, ok)
+	f.wantState(Closed)
 }
 
 // TestCanceledProbe: a probe the caller cancels neither reopens nor closes
 // the breaker, and frees its slot for another probe.
 func TestCanceledProbe(t *testing.T) {
-	s := short
-	s.HalfOpenProbes = 1
-	b, _, _ := newTest(t, s)
-	for range 10 {
-		call(t, b, fail)
-	}
-	waitState(t, b, HalfOpen)
-	if ran, _ := call(t, b, canceled); !ran {
-		t.Fatal("probe refused")
-	}
-	if got := b.State(); got != HalfOpen {
-		t.Fatalf("state after a canceled probe = %s; want half-open", got)
-	}
-	if ran, err := call(t, b, ok); !ran || err != nil {
-		t.Fatalf("second probe: ran=%v err=%v", ran, err)
-	}
-	if got := b.State(); got != Closed {
-		t.Fatalf("state = %s; want closed", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, func(s *Settings) { s.HalfOpenProbes = 1 })
+		f.halfOpen()
+		p := f.hold(canceled)
+		f.mustRefuse()
+		p.finish()
+		if !errors.Is(p.err, context.Canceled) {
+			t.Fatalf("probe err = %v; want context.Canceled", p.err)
+		}
+		f.wantState(HalfOpen)
+		f.mustRun(ok)
+		f.wantState(Closed)
+	})
 }
 
-// TestPanicIsFailure: a panicking call is reported before the panic goes on.
+// TestPanicIsFailure: a panicking call counts as a failure (and frees a
+// probe slot) while the panic goes on with its own value.
 func TestPanicIsFailure(t *testing.T) {
-	s := short
-	s.MinCalls = 1
-	b, _, _ := newTest(t, s)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("panic swallowed")
-			}
-		}()
-		_ = b.Do(context.Background(), func(context.Context) error { panic("boom") })
-	}()
-	if got := b.State(); got != Open {
-		t.Fatalf("state = %s; want open", got)
+	cases := []struct {
+		name    string
+		prepare func(*fixture)
+	}{
+		{"closed", func(*fixture) {}},
+		{"half-open probe", (*fixture).halfOpen},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, func(s *Settings) { s.MinCalls = 1 })
+			c.prepare(f)
+			func() {
+				defer func() {
+					if p := recover(); p != "boom" {
+						t.Fatalf("recovered %v; want the panic boom", p)
+					}
+				}()
+				_ = f.b.Do(context.Background(), func(context.Context) error { panic("boom") })
+			}()
+			f.wantState(Open)
+		})
 	}
 }
 
-// TestConcurrentCalls: under concurrent load the breaker opens once and
+// TestStaleGeneration: a call begun before a state change says nothing
+// about the state that followed; its result is dropped.
+func TestStaleGeneration(t *testing.T) {
+	// A single failure opens these breakers and a single probe decides.
+	one := func(s *Settings) { s.MinCalls, s.HalfOpenProbes = 1, 1 }
+	t.Run("a failure begun before a reopening does not reopen the closed breaker", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t, one)
+			stale := f.hold(fail)
+			f.halfOpen()
+			f.mustRun(ok)
+			f.wantState(Closed)
+			stale.finish()
+			f.wantState(Closed)
+		})
+	})
+	t.Run("a success begun while closed is not a probe", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t, one)
+			stale := f.hold(ok)
+			f.halfOpen()
+			stale.finish()
+			f.wantState(HalfOpen)
+			f.mustRun(ok) // the probe slot is still free
+			f.wantState(Closed)
+		})
+	})
+	t.Run("a cancel begun while closed frees no probe slot", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t, one)
+			stale := f.hold(canceled)
+			f.halfOpen()
+			probe := f.hold(ok)
+			stale.finish()
+			f.mustRefuse()
+			probe.finish()
+			f.wantState(Closed)
+		})
+	})
+}
+
+// TestDefaultClock: without Settings.Now the breaker measures with
+// time.Now, here the bubble's fake clock, which the slow provider moves.
+func TestDefaultClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := New(Settings{}, nil, nil)
+		for i := range 10 {
+			_ = b.Do(context.Background(), func(context.Context) error {
+				if i == 9 {
+					time.Sleep(21 * time.Second) // the provider's latency
+				}
+				return nil
+			})
+		}
+		if got := b.State(); got != Open {
+			t.Fatalf("state = %s; want open after 1 slow call in 10", got)
+		}
+	})
+}
+
+func TestDefaults(t *testing.T) {
+	s := Settings{}.withDefaults()
+	if s.Window != time.Minute || s.MinCalls != 10 || s.FailureRatio != 0.2 || s.SlowRatio != 0.1 ||
+		s.SlowCall != 20*time.Second || s.OpenFor != 30*time.Second || s.HalfOpenProbes != 3 ||
+		s.Name != "model" || s.Now == nil {
+		t.Fatalf("defaults = %+v", s)
+	}
+}
+
+// TestConcurrentFailures: under concurrent load the breaker opens once and
 // refuses everything after, without data races (run with -race).
-func TestConcurrentCalls(t *testing.T) {
-	b, lb, _ := newTest(t, short)
+func TestConcurrentFailures(t *testing.T) {
+	f := newFixture(t, nil)
+	const workers, each = 50, 10
 	var ran atomic.Int64
 	var wg sync.WaitGroup
-	for range 50 {
+	for range workers {
 		wg.Go(func() {
-			for range 10 {
-				_ = b.Do(context.Background(), func(context.Context) error {
+			for range each {
+				_ = f.b.Do(context.Background(), func(context.Context) error {
 					ran.Add(1)
 					return errProvider
 				})
@@ -302,14 +520,58 @@ func TestConcurrentCalls(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if b.State() != Open {
-		t.Fatalf("state = %s; want open", b.State())
+	f.wantState(Open)
+	// The 10th recorded failure opens it; at most one call per other
+	// worker can be in flight then, and nothing is admitted after.
+	if n := ran.Load(); n < 10 || n > 10+workers {
+		t.Fatalf("%d of %d calls ran; want between MinCalls and MinCalls+%d", n, workers*each, workers)
 	}
-	if n := ran.Load(); n >= 500 || n < 10 {
-		t.Fatalf("%d of 500 calls ran; want at least MinCalls and far fewer than all", n)
+	if l := f.logs.lines(); len(l) != 1 {
+		t.Fatalf("log lines = %q; want exactly one change", l)
 	}
-	if l := lb.lines(); len(l) != 1 {
-		t.Fatalf("log lines = %q; want exactly one transition", l)
+}
+
+// TestConcurrentProbes: of many concurrent calls in half-open exactly
+// HalfOpenProbes run; the rest are refused.
+func TestConcurrentProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, nil)
+		f.halfOpen()
+		calls := make([]*held, 20)
+		for i := range calls {
+			calls[i] = f.hold(ok)
+		}
+		var ran, refused int
+		for _, c := range calls {
+			c.finish()
+			switch {
+			case c.ran && c.err == nil:
+				ran++
+			case !c.ran && errors.Is(c.err, ErrOpen):
+				refused++
+			default:
+				t.Errorf("call ran=%v err=%v", c.ran, c.err)
+			}
+		}
+		if ran != 3 || refused != 17 {
+			t.Fatalf("ran %d, refused %d; want 3 and 17", ran, refused)
+		}
+		f.wantState(Closed)
+	})
+}
+
+func TestMetrics(t *testing.T) {
+	f := newFixture(t, nil)
+	f.halfOpen()
+	f.mustRun(ok, ok, ok)
+	want := map[string]float64{"open": 1, "half-open": 1, "closed": 1}
+	for to, n := range want {
+		if got := testutil.ToFloat64(f.b.transitions.WithLabelValues(to)); got != n {
+			t.Errorf("transitions{to=%s} = %v; want %v", to, got, n)
+		}
+	}
+	if got := testutil.ToFloat64(f.b.state); got != stateValue[Closed] {
+		t.Errorf("state gauge = %v; want %v", got, stateValue[Closed])
 	}
 }
 

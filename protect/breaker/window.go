@@ -3,7 +3,8 @@ package breaker
 import "time"
 
 // buckets is how many slices a rolling window is cut into; the window
-// forgets one slice at a time, as gobreaker's own rolling counts do.
+// forgets one slice at a time, so a burst of failures leaves it gradually
+// rather than all at once.
 const buckets = 10
 
 // counts are the outcomes of calls in a window.
@@ -11,7 +12,7 @@ type counts struct{ total, failures, slow uint32 }
 
 // window counts calls, failures and slow calls over the last Window of
 // time, in buckets of Window/10 numbered from the start of the current
-// breaker state, the same numbering gobreaker uses for its buckets.
+// breaker state. It holds no clock: every method takes now.
 type window struct {
 	period time.Duration
 	start  time.Time
@@ -25,8 +26,8 @@ func newWindow(size time.Duration, now time.Time) *window {
 	return w
 }
 
-// reset forgets everything; called on every state change, when gobreaker
-// also starts a new generation with empty counts.
+// reset forgets everything; called on every state change, which starts a
+// new generation whose outcomes are judged afresh.
 func (w *window) reset(now time.Time) {
 	w.start = now
 	w.slots = [buckets]counts{}
