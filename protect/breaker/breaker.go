@@ -69,6 +69,10 @@ type Settings struct {
 	// Now is the clock for the window, the open timer and call durations
 	// (time.Now).
 	Now func() time.Time
+	// OnStateChange, if not nil, is told of every state change, for
+	// alerts. It runs outside the breaker's lock, after the change's log
+	// line, one change at a time and in order; it may call the breaker.
+	OnStateChange func(from, to State)
 }
 
 func (s Settings) withDefaults() Settings {
@@ -294,9 +298,11 @@ func (b *Breaker) setLocked(to State, now time.Time) {
 	b.transitions.WithLabelValues(string(to)).Inc()
 }
 
-// announce logs queued state changes outside mu. Only one goroutine
-// announces at a time, draining the queue, so the lines come out in the
-// order the changes happened even when two callers cause changes at once.
+// announce logs queued state changes and passes them to OnStateChange,
+// outside mu. Only one goroutine announces at a time, draining the queue,
+// so changes come out in the order they happened even when two callers
+// cause changes at once; a change caused from inside OnStateChange is
+// queued and announced after the current one returns.
 func (b *Breaker) announce() {
 	for {
 		b.mu.Lock()
@@ -308,8 +314,8 @@ func (b *Breaker) announce() {
 		b.pending, b.announcing = nil, true
 		b.mu.Unlock()
 		func() {
-			// Cleared even if a log handler panics, or no change would
-			// ever be announced again.
+			// Cleared even if a log handler or OnStateChange panics, or
+			// no change would ever be announced again.
 			defer func() {
 				b.mu.Lock()
 				b.announcing = false
@@ -320,6 +326,9 @@ func (b *Breaker) announce() {
 					"from", string(c.from), "to", string(c.to),
 					"window_calls", c.window.total, "window_failures", c.window.failures,
 					"window_slow", c.window.slow)
+				if b.s.OnStateChange != nil {
+					b.s.OnStateChange(c.from, c.to)
+				}
 			}
 		}()
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -472,6 +473,84 @@ func TestStaleGeneration(t *testing.T) {
 			f.wantState(Closed)
 		})
 	})
+}
+
+// stateChange is one OnStateChange call.
+type stateChange struct{ from, to State }
+
+// TestOnStateChange: every change is passed on once, in order, outside
+// the lock (the callback reads the state), never re-entrantly.
+func TestOnStateChange(t *testing.T) {
+	cases := []struct {
+		name string
+		// react runs inside OnStateChange after it recorded the change.
+		react func(f *fixture, to State)
+		steps func(f *fixture)
+		want  []stateChange
+	}{
+		{
+			name: "a full cycle and a failed probe",
+			react: func(f *fixture, to State) {
+				if st := f.b.State(); st != to {
+					f.t.Errorf("State() inside OnStateChange(_, %s) = %s", to, st)
+				}
+			},
+			steps: func(f *fixture) {
+				f.halfOpen()
+				f.mustRun(ok, ok, ok)
+				f.halfOpen()
+				f.mustRun(fail)
+			},
+			want: []stateChange{
+				{Closed, Open}, {Open, HalfOpen}, {HalfOpen, Closed},
+				{Closed, Open}, {Open, HalfOpen}, {HalfOpen, Open},
+			},
+		},
+		{
+			name: "a change caused inside the callback comes after it",
+			react: func(f *fixture, to State) {
+				if to == Open {
+					f.clk.Advance(f.b.s.OpenFor)
+					if st := f.b.State(); st != HalfOpen {
+						f.t.Errorf("State() after OpenFor = %s; want half-open", st)
+					}
+				}
+			},
+			steps: func(f *fixture) { f.mustRun(repeat(fail, 10)...) },
+			want:  []stateChange{{Closed, Open}, {Open, HalfOpen}},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var got []stateChange
+			inside := false
+			var f *fixture
+			f = newFixture(t, func(s *Settings) {
+				s.OnStateChange = func(from, to State) {
+					if inside {
+						t.Errorf("OnStateChange(%s, %s) called inside another", from, to)
+					}
+					inside = true
+					defer func() { inside = false }()
+					got = append(got, stateChange{from, to})
+					c.react(f, to)
+				}
+			})
+			c.steps(f)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("changes = %v; want %v", got, c.want)
+			}
+			lines := f.logs.lines()
+			if len(lines) != len(c.want) {
+				t.Fatalf("log = %q; want %d lines", lines, len(c.want))
+			}
+			for i, w := range c.want {
+				if !strings.Contains(lines[i], "from="+string(w.from)+" to="+string(w.to)) {
+					t.Errorf("log line %d = %q; want %s -> %s", i, lines[i], w.from, w.to)
+				}
+			}
+		})
+	}
 }
 
 // TestDefaultClock: without Settings.Now the breaker measures with
