@@ -43,8 +43,8 @@ const (
 	Open     State = "open"
 )
 
-// stateValue is the faregate_breaker_state gauge value of each state.
-var stateValue = map[State]float64{Closed: 0, HalfOpen: 1, Open: 2}
+// states lists the states in the order metrics are set up.
+var states = []State{Closed, HalfOpen, Open}
 
 // Settings configure a Breaker; zero fields take the defaults noted.
 type Settings struct {
@@ -112,7 +112,9 @@ type Breaker struct {
 	lg      *slog.Logger
 	refusal error // ErrOpen with the breaker's name, built once
 
-	state       prometheus.Gauge
+	// stateGauge holds faregate_breaker_state{state=...} of each state: 1
+	// for the current one, 0 for the others, so every series always exists.
+	stateGauge  map[State]prometheus.Gauge
 	transitions *prometheus.CounterVec
 
 	mu      sync.Mutex
@@ -149,17 +151,18 @@ func New(s Settings, lg *slog.Logger, reg prometheus.Registerer) *Breaker {
 	}
 	gauge := promreg.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "faregate_breaker_state",
-		Help: "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
-	}, []string{"name"}))
-	b.state = gauge.WithLabelValues(s.Name)
+		Help: "Circuit breaker state: 1 for the current state, 0 for the others.",
+	}, []string{"name", "state"}))
 	b.transitions = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "faregate_breaker_transitions_total",
 		Help: "Circuit breaker state changes, by the state entered.",
 	}, []string{"name", "to"})).MustCurryWith(prometheus.Labels{"name": s.Name})
-	for st := range stateValue {
+	b.stateGauge = make(map[State]prometheus.Gauge, len(states))
+	for _, st := range states {
+		b.stateGauge[st] = gauge.WithLabelValues(s.Name, string(st))
 		b.transitions.WithLabelValues(string(st))
 	}
-	b.state.Set(stateValue[Closed])
+	b.showLocked(Closed)
 	return b
 }
 
@@ -294,8 +297,19 @@ func (b *Breaker) setLocked(to State, now time.Time) {
 	b.probes, b.passed = 0, 0
 	b.win.reset(now)
 	// The metrics move under mu so that they always show the latest state.
-	b.state.Set(stateValue[to])
+	b.showLocked(to)
 	b.transitions.WithLabelValues(string(to)).Inc()
+}
+
+// showLocked sets the state gauge to st.
+func (b *Breaker) showLocked(st State) {
+	for s, g := range b.stateGauge {
+		if s == st {
+			g.Set(1)
+		} else {
+			g.Set(0)
+		}
+	}
 }
 
 // announce logs queued state changes and passes them to OnStateChange,

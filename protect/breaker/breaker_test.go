@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -639,18 +640,48 @@ func TestConcurrentProbes(t *testing.T) {
 	})
 }
 
+// TestMetrics: the state gauge has one series per state, 1 for the
+// current state; transitions count the states entered.
 func TestMetrics(t *testing.T) {
-	f := newFixture(t, nil)
-	f.halfOpen()
-	f.mustRun(ok, ok, ok)
-	want := map[string]float64{"open": 1, "half-open": 1, "closed": 1}
-	for to, n := range want {
-		if got := testutil.ToFloat64(f.b.transitions.WithLabelValues(to)); got != n {
-			t.Errorf("transitions{to=%s} = %v; want %v", to, got, n)
-		}
+	cases := []struct {
+		name  string
+		steps func(*fixture)
+		state State
+		to    [3]int // transitions to closed, half-open, open
+	}{
+		{"new", func(*fixture) {}, Closed, [3]int{0, 0, 0}},
+		{"open", (*fixture).open, Open, [3]int{0, 0, 1}},
+		{"half-open", (*fixture).halfOpen, HalfOpen, [3]int{0, 1, 1}},
+		{"closed again", func(f *fixture) { f.halfOpen(); f.mustRun(ok, ok, ok) }, Closed, [3]int{1, 1, 1}},
+		{"reopened", func(f *fixture) { f.halfOpen(); f.mustRun(slow) }, Open, [3]int{0, 1, 2}},
 	}
-	if got := testutil.ToFloat64(f.b.state); got != stateValue[Closed] {
-		t.Errorf("state gauge = %v; want %v", got, stateValue[Closed])
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			c.steps(f)
+			var want strings.Builder
+			want.WriteString(`# HELP faregate_breaker_state Circuit breaker state: 1 for the current state, 0 for the others.
+# TYPE faregate_breaker_state gauge
+`)
+			for _, st := range states {
+				v := 0
+				if st == c.state {
+					v = 1
+				}
+				fmt.Fprintf(&want, "faregate_breaker_state{name=\"test\",state=%q} %d\n", st, v)
+			}
+			want.WriteString(`# HELP faregate_breaker_transitions_total Circuit breaker state changes, by the state entered.
+# TYPE faregate_breaker_transitions_total counter
+`)
+			for i, st := range states {
+				fmt.Fprintf(&want, "faregate_breaker_transitions_total{name=\"test\",to=%q} %d\n", st, c.to[i])
+			}
+			err := testutil.GatherAndCompare(f.reg, strings.NewReader(want.String()),
+				"faregate_breaker_state", "faregate_breaker_transitions_total")
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -662,8 +693,8 @@ func TestSharedRegistry(t *testing.T) {
 		t.Fatal("new breakers are not closed")
 	}
 	n, err := testutil.GatherAndCount(reg, "faregate_breaker_state", "faregate_breaker_transitions_total")
-	if err != nil || n != 2+6 {
-		t.Fatalf("series = %d, %v; want 2 states + 2x3 transitions", n, err)
+	if err != nil || n != 2*3+2*3 {
+		t.Fatalf("series = %d, %v; want 2x3 states + 2x3 transitions", n, err)
 	}
 }
 
