@@ -167,13 +167,13 @@ func New(s Settings, lg *slog.Logger, reg prometheus.Registerer) *Breaker {
 }
 
 // State is the current state; an open breaker whose OpenFor has passed
-// reports half-open (and becomes half-open: the change is logged then).
+// reports half-open (and becomes half-open: the change is logged and
+// passed to OnStateChange then).
 func (b *Breaker) State() State {
 	b.mu.Lock()
 	b.expireLocked(b.s.Now())
 	st := b.current
-	b.mu.Unlock()
-	b.announce()
+	b.unlock()
 	return st
 }
 
@@ -224,8 +224,7 @@ func (b *Breaker) admit() (gen uint64, ok bool) {
 		ok = true
 	}
 	gen = b.gen
-	b.mu.Unlock()
-	b.announce()
+	b.unlock()
 	return gen, ok
 }
 
@@ -266,14 +265,13 @@ func (b *Breaker) finish(gen uint64, failed, canceled bool, took time.Duration) 
 			b.setLocked(Closed, now)
 		}
 	}
-	b.mu.Unlock()
-	b.announce()
+	b.unlock()
 }
 
 // tripsLocked judges the window: both ratios, once it holds MinCalls calls.
 func (b *Breaker) tripsLocked(now time.Time) bool {
 	c := b.win.sum(now)
-	if c.total == 0 || c.total < b.s.MinCalls {
+	if c.total < b.s.MinCalls { // MinCalls is at least 1
 		return false
 	}
 	t := float64(c.total)
@@ -309,6 +307,16 @@ func (b *Breaker) showLocked(st State) {
 		} else {
 			g.Set(0)
 		}
+	}
+}
+
+// unlock releases mu and announces the state changes queued meanwhile;
+// with none queued (nearly every call) it costs no second lock.
+func (b *Breaker) unlock() {
+	queued := len(b.pending) > 0
+	b.mu.Unlock()
+	if queued {
+		b.announce()
 	}
 }
 

@@ -390,6 +390,19 @@ func TestReopen(t *testing.T) {
 	f.wantState(Closed)
 }
 
+// TestCloseForgetsWindow: a breaker that closes judges only calls made
+// since, not the failures that opened it (still inside Window).
+func TestCloseForgetsWindow(t *testing.T) {
+	f := newFixture(t, nil)
+	f.halfOpen()
+	f.mustRun(ok, ok, ok)
+	f.wantState(Closed)
+	f.mustRun(repeat(fail, 9)...)
+	f.wantState(Closed)
+	f.mustRun(fail)
+	f.wantState(Open)
+}
+
 // TestCanceledProbe: a probe the caller cancels neither reopens nor closes
 // the breaker, and frees its slot for another probe.
 func TestCanceledProbe(t *testing.T) {
@@ -696,6 +709,22 @@ func TestSharedRegistry(t *testing.T) {
 	if err != nil || n != 2*3+2*3 {
 		t.Fatalf("series = %d, %v; want 2x3 states + 2x3 transitions", n, err)
 	}
+}
+
+// BenchmarkDo measures the breaker's own cost per admitted call in the
+// closed state, with callers on every CPU contending for its lock.
+func BenchmarkDo(b *testing.B) {
+	br := New(Settings{}, nil, nil)
+	fn := func(context.Context) error { return nil }
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if err := br.Do(ctx, fn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func TestWindow(t *testing.T) {
