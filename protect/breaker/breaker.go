@@ -6,10 +6,11 @@
 //
 // The package runs one small state machine of its own under one mutex:
 // closed → open → half-open → closed or open again. Failures and slow
-// calls are counted apart, which the common libraries' success/failure
-// counts cannot do. Every change of state starts a new generation and an
-// empty window, and the result of a call begun in an earlier generation is
-// discarded: it describes a provider the breaker has already judged.
+// calls are counted apart, each against its own ratio. Every change of
+// state starts a new generation and an empty window, and the result of a
+// call begun in an earlier generation is discarded: it describes a provider
+// the breaker has already judged. An open breaker turns half-open when it
+// is next asked (State or Do) after OpenFor, so no timer goroutine runs.
 //
 // All time comes from Settings.Now: the window's buckets, the open timer
 // and the duration that makes a call slow. Tests move that clock instead of
