@@ -1,0 +1,314 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// EnvClusterURL names a shared Redis Cluster that .ci/run starts, in
+// go-redis's cluster URL form: redis://h1:p1?addr=h2:p2&addr=h3:p3.
+const EnvClusterURL = "FAREGATE_TEST_REDIS_CLUSTER"
+
+// Cluster is a Redis Cluster of three masters, each with one replica, made
+// of redis-server processes owned by one test (so the test may kill a
+// master), or the shared one named by FAREGATE_TEST_REDIS_CLUSTER.
+type Cluster struct {
+	// URL is the go-redis cluster URL of the seed nodes.
+	URL   string
+	nodes []*clusterNode
+}
+
+type clusterNode struct {
+	port int
+	dir  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (n *clusterNode) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port)) }
+
+// NodeTimeout is the cluster-node-timeout of clusters StartCluster makes:
+// how soon a dead master's replica is promoted.
+const NodeTimeout = 2 * time.Second
+
+// SharedCluster returns the shared cluster of FAREGATE_TEST_REDIS_CLUSTER,
+// claimed for this test alone (tests of several packages take turns) and
+// flushed, or else a private cluster from StartCluster.
+func SharedCluster(t testing.TB) *Cluster {
+	t.Helper()
+	raw := os.Getenv(EnvClusterURL)
+	if raw == "" {
+		return StartCluster(t)
+	}
+	opt, err := redis.ParseClusterURL(raw)
+	if err != nil {
+		t.Fatalf("%s: %v", EnvClusterURL, err)
+	}
+	c := redis.NewClusterClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	token := fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano())
+	const lock = "faregate-test:cluster-lock"
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		ok, err := c.SetNX(ctx, lock, token, 10*time.Minute).Result()
+		if err != nil {
+			t.Fatalf("shared cluster: %v", err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("shared cluster: never free")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	flush := func() {
+		_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.FlushAll(ctx).Err()
+		})
+	}
+	flush()
+	// The flush removed the lock; take it again so others keep waiting.
+	if err := c.Set(ctx, lock, token, 10*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		flush()
+		_ = c.Del(context.Background(), lock).Err()
+	})
+	return &Cluster{URL: raw}
+}
+
+// StartCluster starts six redis-server processes on free loopback ports
+// (their bus ports, +10000, free too) and joins them into a cluster of three
+// masters with a replica each. Skips (fails in CI) without redis-server.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	bin, err := serverBinary()
+	if err != nil {
+		msg := "redis-server not found: install it (apt-get install redis-server) or set " + EnvServer
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		msg := "redis-cli not found (package redis-tools)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	base := t.TempDir()
+	cl := &Cluster{}
+	for _, port := range clusterPorts(t, 6) {
+		n := &clusterNode{port: port, dir: filepath.Join(base, strconv.Itoa(port))}
+		if err := os.MkdirAll(n.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cl.nodes = append(cl.nodes, n)
+		if err := n.start(bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, n := range cl.nodes {
+			n.kill()
+		}
+	})
+	args := []string{"--cluster", "create"}
+	for _, n := range cl.nodes {
+		args = append(args, n.addr())
+	}
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	seeds := cl.nodes[0].addr()
+	q := url.Values{}
+	for _, n := range cl.nodes[1:] {
+		q.Add("addr", n.addr())
+	}
+	cl.URL = "redis://" + seeds + "?" + q.Encode()
+	if !cl.waitOK(t, 30*time.Second) {
+		t.Fatal("cluster never reported cluster_state:ok on every node")
+	}
+	return cl
+}
+
+// clusterPorts picks n free ports whose bus ports (+10000) are free too.
+func clusterPorts(t testing.TB, n int) []int {
+	t.Helper()
+	var out []int
+	for tries := 0; len(out) < n && tries < 200; tries++ {
+		p := freePort(t)
+		if p > 55000 || !portFree(p+10000) {
+			continue
+		}
+		out = append(out, p)
+	}
+	if len(out) < n {
+		t.Fatal("no free ports for a cluster")
+	}
+	return out
+}
+
+func portFree(p int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}
+
+func (n *clusterNode) start(bin string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(n.port), "--bind", "127.0.0.1",
+		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)),
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
+	cmd.Dir = n.dir
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: start cluster node: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	n.cmd, n.done = cmd, done
+	c := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+	defer c.Close()
+	if !waitFor(10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }) {
+		return fmt.Errorf("redistest: cluster node %s did not answer", n.addr())
+	}
+	return nil
+}
+
+func (n *clusterNode) kill() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	<-n.done
+	n.cmd = nil
+}
+
+// waitOK waits until every live node reports cluster_state:ok and agrees
+// that every slot is served.
+func (c *Cluster) waitOK(t testing.TB, d time.Duration) bool {
+	t.Helper()
+	return waitFor(d, func() bool {
+		for _, n := range c.nodes {
+			n.mu.Lock()
+			alive := n.cmd != nil
+			n.mu.Unlock()
+			if !alive {
+				continue
+			}
+			cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+			info, err := cc.ClusterInfo(context.Background()).Result()
+			_ = cc.Close()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Client returns a cluster client on the cluster, closed when the test ends.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	opt, err := redis.ParseClusterURL(c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := redis.NewClusterClient(opt)
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// MasterOf returns the address of the master that serves key's slot now.
+func (c *Cluster) MasterOf(t testing.TB, key string) string {
+	t.Helper()
+	cc := c.Client(t)
+	ctx := context.Background()
+	slot, err := cc.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slots {
+		if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
+			return s.Nodes[0].Addr
+		}
+	}
+	t.Fatalf("no node serves slot %d", slot)
+	return ""
+}
+
+// Kill kills the node at addr with SIGKILL (a private cluster only) and
+// returns when the process is gone.
+func (c *Cluster) Kill(t testing.TB, addr string) {
+	t.Helper()
+	for _, n := range c.nodes {
+		if n.addr() == addr {
+			n.kill()
+			return
+		}
+	}
+	t.Fatalf("redistest: %s is not a node of this test's own cluster", addr)
+}
+
+// WaitPromoted waits until a node other than dead serves key's slot and the
+// cluster is ok again, and returns when that was first seen.
+func (c *Cluster) WaitPromoted(t testing.TB, key, dead string, d time.Duration) time.Time {
+	t.Helper()
+	var at time.Time
+	ok := waitFor(d, func() bool {
+		for _, n := range c.nodes {
+			if n.addr() == dead {
+				continue
+			}
+			cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+			role, err := cc.Do(context.Background(), "ROLE").Slice()
+			slot, serr := cc.ClusterKeySlot(context.Background(), key).Result()
+			slots, cerr := cc.ClusterSlots(context.Background()).Result()
+			_ = cc.Close()
+			if err != nil || serr != nil || cerr != nil || len(role) == 0 || role[0] != "master" {
+				continue
+			}
+			for _, s := range slots {
+				if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 && s.Nodes[0].Addr == n.addr() {
+					at = time.Now()
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no replica was promoted for %q within %v", key, d)
+	}
+	return at
+}
