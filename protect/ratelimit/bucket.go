@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A token bucket belongs to a scope (a principal's, or "site" for the
+// A token bucket belongs to a scope (a principal's, or SiteScope for the
 // site-wide bucket). Its capacity is twice its rate per minute, and it
 // refills continuously. The rate is passed on every call rather than
 // stored, so a policy reload takes effect at the next call.
@@ -233,7 +233,7 @@ func (l *Limiter) AfterCall(ctx context.Context, scope string, tokensPerMinute, 
 	return res[0], nil
 }
 
-// Pace reserves amount tokens of a paced bucket (the site's, sized to the
+// Pace reserves amount tokens of a paced bucket (SiteScope's, sized to the
 // provider's tokens-per-minute limit, shared by every lane and replica) and
 // says how long the caller must wait before sending. Each call gets the
 // earliest send time at which the bucket (capacity 2× the rate) can pay
@@ -252,8 +252,8 @@ func (l *Limiter) Pace(ctx context.Context, scope string, ratePerMin, amount int
 	if err := validRange("amount", amount, 1, maxTokens); err != nil {
 		return 0, err
 	}
-	if maxWait < 0 {
-		return 0, fmt.Errorf("%w: max wait %v is negative", ErrInvalid, maxWait)
+	if maxWait < 0 || maxWait > MaxPaceWait {
+		return 0, fmt.Errorf("%w: max wait %v must be 0 to %v", ErrInvalid, maxWait, MaxPaceWait)
 	}
 	if amount > capacityOf(ratePerMin) {
 		l.m.pace(outcomeTooLarge, 0)

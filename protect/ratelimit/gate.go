@@ -57,7 +57,10 @@ func (d GateDecision) Err() error {
 //     refuse with rate_limited until one fits; else this request counts.
 //
 // Refusals count nothing. Exactly RequestsPerMinute requests pass in any
-// minute, however many replicas share the Redis.
+// minute, however many replicas share the Redis. A re-sent admitted Op is
+// found in the window and admitted again without counting; a re-sent
+// refusal is simply decided again (refusals store nothing, so a flood of
+// them costs no memory).
 func (l *Limiter) Gate(ctx context.Context, r GateRequest) (GateDecision, error) {
 	if err := validScope(r.Scope); err != nil {
 		return GateDecision{}, err

@@ -89,19 +89,19 @@ func testIdempotency(t *testing.T, r *rig) {
 			}
 		}},
 		{"Pace", func(t *testing.T) {
-			if _, err := r.a.Pace(r.ctx, "site", rate600, 1200, time.Hour, "drain"); err != nil {
+			if _, err := r.a.Pace(r.ctx, SiteScope, rate600, 1200, time.Hour, "drain"); err != nil {
 				t.Fatal(err)
 			}
-			first, err := r.a.Pace(r.ctx, "site", rate600, 600, time.Hour, "same")
+			first, err := r.a.Pace(r.ctx, SiteScope, rate600, 600, time.Hour, "same")
 			if err != nil || first != time.Minute {
 				t.Fatalf("first: %v, %v; want 1m", first, err)
 			}
 			r.clk.Advance(5 * time.Second)
-			again, err := r.b.Pace(r.ctx, "site", rate600, 600, time.Hour, "same")
+			again, err := r.b.Pace(r.ctx, SiteScope, rate600, 600, time.Hour, "same")
 			if err != nil || again != first-5*time.Second {
 				t.Fatalf("again: %v, %v; want the same send time, %v from now", again, err, first-5*time.Second)
 			}
-			next, err := r.b.Pace(r.ctx, "site", rate600, 600, time.Hour, "next")
+			next, err := r.b.Pace(r.ctx, SiteScope, rate600, 600, time.Hour, "next")
 			if err != nil || next != 2*time.Minute-5*time.Second {
 				t.Fatalf("next op: %v, %v; want one reservation ahead of it", next, err)
 			}
@@ -133,7 +133,7 @@ func testKeys(t *testing.T, r *rig) {
 			return err
 		},
 		func() error { _, err := r.a.AfterCall(r.ctx, visA, 600, 20, 5, "s"); return err },
-		func() error { _, err := r.a.Pace(r.ctx, "site", 600, 20, time.Hour, "p"); return err },
+		func() error { _, err := r.a.Pace(r.ctx, SiteScope, 600, 20, time.Hour, "p"); return err },
 	}
 	for _, op := range ops {
 		if err := op(); err != nil {
@@ -196,11 +196,11 @@ func testMetrics(t *testing.T, r *rig) {
 	r.call(t, r.a, CallRequest{Scope: visA, PromptTokens: 1, Amount: 1200, TokensPerMinute: rate600})
 	r.call(t, r.a, CallRequest{Scope: visA, PromptTokens: 1, Amount: 1, TokensPerMinute: rate600})
 	for _, w := range []int64{1200, 600} {
-		if _, err := r.a.Pace(r.ctx, "site", rate600, w, time.Hour, r.op()); err != nil {
+		if _, err := r.a.Pace(r.ctx, SiteScope, rate600, w, time.Hour, r.op()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, _ = r.b.Pace(r.ctx, "site", rate600, 600, time.Second, r.op())
+	_, _ = r.b.Pace(r.ctx, SiteScope, rate600, 600, time.Second, r.op())
 	want := map[[2]string]float64{
 		{"gate", outcomeAllowed}:                    1,
 		{"gate", string(ReasonRateLimited)}:         1,

@@ -60,7 +60,7 @@ func testPaceSchedule(t *testing.T, r *rig) {
 		if i%2 == 1 {
 			l = r.b
 		}
-		wait, err := l.Pace(r.ctx, "site", rate600, st.amount, time.Hour, r.op())
+		wait, err := l.Pace(r.ctx, SiteScope, rate600, st.amount, time.Hour, r.op())
 		if err != nil || wait != st.wait {
 			t.Fatalf("call %d (%d tokens): wait %v, %v; want %v", i, st.amount, wait, err, st.wait)
 		}
@@ -69,7 +69,7 @@ func testPaceSchedule(t *testing.T, r *rig) {
 	checkWindows(t, sends, rate600)
 	// Later callers queue behind the reservations, not behind "now".
 	r.at(time.Minute)
-	if wait, err := r.a.Pace(r.ctx, "site", rate600, 50, time.Hour, r.op()); err != nil || wait != 2*time.Minute+15*time.Second {
+	if wait, err := r.a.Pace(r.ctx, SiteScope, rate600, 50, time.Hour, r.op()); err != nil || wait != 2*time.Minute+15*time.Second {
 		t.Fatalf("a minute later: %v, %v; want 2m15s", wait, err)
 	}
 }
@@ -101,7 +101,7 @@ func testPaceRandom(t *testing.T, r *rig) {
 		if i%2 == 1 {
 			l = r.b
 		}
-		wait, err := l.Pace(r.ctx, "site", rate, amount, 24*time.Hour, r.op())
+		wait, err := l.Pace(r.ctx, SiteScope, rate, amount, 24*time.Hour, r.op())
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -135,7 +135,7 @@ func testPaceReplicas(t *testing.T, r *rig) {
 		}
 		amount := int64(50 + 25*(i%7))
 		wg.Go(func() {
-			wait, err := l.Pace(r.ctx, "site", rate, amount, time.Hour, "p-"+strconv.Itoa(i))
+			wait, err := l.Pace(r.ctx, SiteScope, rate, amount, time.Hour, "p-"+strconv.Itoa(i))
 			if err != nil {
 				t.Errorf("call %d: %v", i, err)
 				return
@@ -170,7 +170,7 @@ func testPaceReplicas(t *testing.T, r *rig) {
 // is told exactly when it would fit.
 func testPaceTooLong(t *testing.T, r *rig) {
 	pace := func(amount int64, maxWait time.Duration) (time.Duration, error) {
-		return r.a.Pace(r.ctx, "site", rate600, amount, maxWait, r.op())
+		return r.a.Pace(r.ctx, SiteScope, rate600, amount, maxWait, r.op())
 	}
 	if wait, err := pace(1200, 0); err != nil || wait != 0 {
 		t.Fatalf("a full bucket with no wait allowed: %v, %v", wait, err)

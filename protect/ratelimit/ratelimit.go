@@ -13,10 +13,15 @@
 // Every call that changes state carries an op id, unique per attempt. When
 // Redis applied a script but the reply was lost and the client sends the
 // same command again, the script recognises the op and answers the first
-// result again instead of counting twice.
+// result again instead of counting twice. A window or log entry is its own
+// record (the op id is the member), for as long as the entry counts; other
+// answers are remembered for OpTTL.
 //
 // Numbers in Redis are integers: timestamps in unix milliseconds, bucket
-// levels and the EMA in milli-tokens.
+// levels and the EMA in milli-tokens. The scripts decide on the caller's
+// clock in whole milliseconds; every duration returned (RetryAfter, a
+// pacing wait) is exact to the nanosecond against the caller's own "now":
+// at now+RetryAfter the script decides differently, not a moment before.
 package ratelimit
 
 import (
@@ -128,6 +133,11 @@ const (
 	// OpTTL is how long a script remembers an op id and its answer: longer
 	// than any client's retries of one command, short enough to cost little.
 	OpTTL = 5 * time.Minute
+	// SiteScope is the scope of the site-wide token bucket that Pace serves.
+	SiteScope = "site"
+	// MaxPaceWait bounds the maxWait of Pace: a model call is never told to
+	// wait longer than a day, and the arithmetic stays far from overflow.
+	MaxPaceWait = 24 * time.Hour
 
 	// spikeFactor and spikeMinSamples define an input spike: a prompt over
 	// spikeFactor × the EMA, once the EMA has spikeMinSamples samples.

@@ -165,7 +165,7 @@ func TestUnavailable(t *testing.T) {
 			return err
 		}},
 		{"AfterCall", func() error { _, err := l.AfterCall(ctx, visA, 600, 10, 5, "o"); return err }},
-		{"Pace", func() error { _, err := l.Pace(ctx, "site", 600, 10, time.Second, "o"); return err }},
+		{"Pace", func() error { _, err := l.Pace(ctx, SiteScope, 600, 10, time.Second, "o"); return err }},
 	}
 	for _, c := range calls {
 		t.Run(c.name, func(t *testing.T) {
@@ -221,10 +221,11 @@ func testInvalid(t *testing.T, r *rig) {
 		{"after: negative reserved", func() error { _, err := l.AfterCall(ctx, visA, 600, -1, 1, "o"); return err }()},
 		{"after: negative rate", func() error { _, err := l.AfterCall(ctx, visA, -1, 1, 1, "o"); return err }()},
 		{"after: bad scope", func() error { _, err := l.AfterCall(ctx, "", 0, 1, 1, "o"); return err }()},
-		{"pace: negative max wait", func() error { _, err := l.Pace(ctx, "site", 600, 10, -time.Nanosecond, "o"); return err }()},
-		{"pace: zero rate", func() error { _, err := l.Pace(ctx, "site", 0, 10, time.Second, "o"); return err }()},
-		{"pace: zero amount", func() error { _, err := l.Pace(ctx, "site", 600, 0, time.Second, "o"); return err }()},
-		{"pace: empty op", func() error { _, err := l.Pace(ctx, "site", 600, 10, time.Second, ""); return err }()},
+		{"pace: negative max wait", func() error { _, err := l.Pace(ctx, SiteScope, 600, 10, -time.Nanosecond, "o"); return err }()},
+		{"pace: max wait over a day", func() error { _, err := l.Pace(ctx, SiteScope, 600, 10, MaxPaceWait+1, "o"); return err }()},
+		{"pace: zero rate", func() error { _, err := l.Pace(ctx, SiteScope, 0, 10, time.Second, "o"); return err }()},
+		{"pace: zero amount", func() error { _, err := l.Pace(ctx, SiteScope, 600, 0, time.Second, "o"); return err }()},
+		{"pace: empty op", func() error { _, err := l.Pace(ctx, SiteScope, 600, 10, time.Second, ""); return err }()},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
