@@ -411,8 +411,9 @@ func (b *Budget) Settle(ctx context.Context, r Reservation, prompt, completion i
 // ReleaseTask gives back every open reservation of task (admitted on day)
 // at once, in all its scopes, and returns how many it gave back. The
 // reaper calls it when a task's lease lapsed: the replica that held them is
-// gone. Their settles, should they still arrive, are charged as overage. A
-// repeat (or a re-sent script) finds nothing open and returns 0.
+// gone. Their settles, should they still arrive, are charged as overage.
+// A re-sent script (lost reply) answers the same count; calling
+// ReleaseTask again finds nothing open and returns 0.
 func (b *Budget) ReleaseTask(ctx context.Context, day, task string) (int64, error) {
 	if err := validDay(day); err != nil {
 		return 0, err
@@ -423,8 +424,10 @@ func (b *Budget) ReleaseTask(ctx context.Context, day, task string) (int64, erro
 	k := keysFor(day, "", "", task)
 	var released int64
 	for range releaseRounds {
+		// A fresh op id per round: a re-send of this round (lost reply)
+		// is answered from its record; the next round is new work.
 		v, err := releaseScript.Run(ctx, b.rdb, []string{k.site, k.taskres, k.res, k.resinfo, k.done},
-			ms(b.now()), dayKeyTTL).Int64Slice()
+			ms(b.now()), dayKeyTTL, rand.Text()).Int64Slice()
 		if err != nil {
 			return released, fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 		}

@@ -14,7 +14,8 @@ import "github.com/redis/go-redis/v9"
 //	res             zset  open reservation id → expiry (unix ms, caller's clock)
 //	resinfo         hash  open reservation id → "tokens|cost|principal|tier|task|model"
 //	done            hash  ended reservation id → "state|tokens|cost|ovtok|ovcost|late|info"
-//	                      state R = given back (expired or released), S = settled
+//	                      state R = given back (expired or released), S = settled;
+//	                      op:<id> → what one ReleaseTask round released
 //
 // Keys of scopes named only inside resinfo (a reaped reservation's
 // principal, tier and task) are built by the scripts from the prefix of
@@ -251,13 +252,20 @@ return answer(1, at, ac, at, ac, 1)
 `)
 
 // releaseScript: KEYS site, taskres, res, resinfo, done; ARGV now, ttl
-// seconds. Gives back up to 256 open reservations of one task in all their
-// scopes and records them as given back (R), so their settles are charged
-// as overage. Returns {released, still open, site used, spend used,
-// reservations}; the caller repeats while some are still open.
+// seconds, op id. Gives back up to 256 open reservations of one task in
+// all their scopes and records them as given back (R), so their settles
+// are charged as overage. The count is recorded under the op id, so a
+// re-sent script answers it again instead of 0. Returns {released, still
+// open, site used, spend used, reservations}; the caller repeats (with a
+// new op id) while some are still open.
 var releaseScript = redis.NewScript(luaPrelude + `
 local ttl = tonumber(ARGV[2])
 reap(ARGV[1], ttl)
+local op = 'op:' .. ARGV[3]
+local prev = redis.call('HGET', KEYS[5], op)
+if prev then
+  return {tonumber(prev), redis.call('SCARD', KEYS[2]), used(KEYS[1]), used(prefix .. 'spend'), redis.call('ZCARD', KEYS[3])}
+end
 local ids = redis.call('SRANDMEMBER', KEYS[2], 256)
 local n = 0
 for _, id in ipairs(ids) do
@@ -269,6 +277,8 @@ for _, id in ipairs(ids) do
     redis.call('SREM', KEYS[2], id)
   end
 end
+redis.call('HSET', KEYS[5], op, n)
+redis.call('EXPIRE', KEYS[5], ttl)
 return {n, redis.call('SCARD', KEYS[2]), used(KEYS[1]), used(prefix .. 'spend'), redis.call('ZCARD', KEYS[3])}
 `)
 
