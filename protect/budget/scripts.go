@@ -277,8 +277,11 @@ for _, id in ipairs(ids) do
     redis.call('SREM', KEYS[2], id)
   end
 end
-redis.call('HSET', KEYS[5], op, n)
-redis.call('EXPIRE', KEYS[5], ttl)
+-- Nothing released needs no record: a re-send would find nothing either.
+if n > 0 then
+  redis.call('HSET', KEYS[5], op, n)
+  redis.call('EXPIRE', KEYS[5], ttl)
+end
 return {n, redis.call('SCARD', KEYS[2]), used(KEYS[1]), used(prefix .. 'spend'), redis.call('ZCARD', KEYS[3])}
 `)
 
