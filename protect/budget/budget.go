@@ -1,18 +1,39 @@
-// Package budget caps what model calls may cost, in tokens, in three scopes
-// at once: the whole site per UTC day, each visitor per UTC day and each task.
+// Package budget caps what model calls may cost, in tokens and in money,
+// in five scopes at once: the site's tokens per UTC day, the site's spend
+// per UTC day, a tier's share of the site's tokens per day, each
+// principal's tokens per day (a visitor or an API key) and each task.
 //
 // Before a model call the caller reserves the most the call can cost
-// (estimated prompt tokens + max_tokens) in all three scopes in one atomic
-// Redis script, or is refused. After the call it settles the reservation with
-// the usage the provider reported, and the unused part comes back. Checking
-// and charging in one script is what keeps concurrent requests and replicas
-// from overspending: at every instant, in every scope,
-// settled + outstanding reservations ≤ limit.
+// (estimated prompt tokens + max_tokens, and what they cost at the model's
+// price) in every scope in one atomic Redis script, or is refused. After
+// the call it settles the reservation with the usage the provider reported:
+// the hold comes back and the actual usage is charged in full, even above
+// the hold; the excess is recorded as overage. Checking and charging in one
+// script is what keeps concurrent requests and replicas from overspending:
+// at every instant, in every scope,
+//
+//	settled + outstanding − overage ≤ limit,
+//
+// and a scope that overage pushed over its limit refuses the next
+// reservation at once.
+//
+// Scripts are idempotent, because a client may re-send a script whose reply
+// was lost: a reservation id is made before the call, a re-sent reserve
+// answers the first success again and a re-sent settle answers the first
+// settlement again; neither charges twice.
 //
 // A reservation that is never settled (the process died) expires after
 // Options.ReservationTTL and is given back, exactly once, by whichever
-// script runs next for that day. Expiry follows the clock passed in
-// (Options.Now), not Redis TIME, so tests can move time on any Redis.
+// script runs next for that day; ReleaseTask gives back a task's open
+// reservations at once (its lease lapsed). A settle that arrives after
+// either is charged in full, all of it as overage. Expiry follows the
+// clock passed in (Options.Now), not Redis TIME, so tests can move time on
+// any Redis.
+//
+// The package raises no alerts: results carry the first 80% crossing of a
+// daily budget (Warnings) and the first refusal of a scope in a day
+// (ExhaustedError.First), decided atomically in Redis so each happens once
+// per scope and day across replicas.
 package budget
 
 import (
@@ -34,73 +55,129 @@ var (
 	// ErrUnavailable reports that Redis could not be asked; the caller must
 	// treat it as a refusal, never as permission.
 	ErrUnavailable = errors.New("budget: unavailable")
-	// ErrUnknownReservation reports a settle of a reservation that does not
-	// exist, has expired and been given back, or was already settled.
+	// ErrUnknownReservation reports a settle of a reservation that never
+	// existed here (or whose fields were altered). Nothing is charged.
 	ErrUnknownReservation = errors.New("budget: unknown reservation")
 	// ErrInvalid reports a malformed request (empty or odd identifiers, a
-	// day that is not YYYY-MM-DD, an amount ≤ 0, a negative actual).
+	// day that is not YYYY-MM-DD, a negative amount, a reused reservation id).
 	ErrInvalid = errors.New("budget: invalid request")
 )
 
-// Scope names one of the three budgets.
+// Scope names one of the budgets a reservation is charged to.
 type Scope string
 
-// The three scopes a reservation is charged to.
+// The scopes, from the widest to the narrowest.
 const (
-	ScopeSite    Scope = "site"
-	ScopeVisitor Scope = "visitor"
-	ScopeTask    Scope = "task"
+	// ScopeSpend is the site's money per UTC day, in micro-units.
+	ScopeSpend Scope = "spend"
+	// ScopeSite is the site's tokens per UTC day.
+	ScopeSite Scope = "site"
+	// ScopeTier is the share of the site's tokens that a tier's principals
+	// together may use per UTC day.
+	ScopeTier Scope = "tier"
+	// ScopePrincipal is one visitor's or API key's tokens per UTC day.
+	ScopePrincipal Scope = "principal"
+	// ScopeTask is one task's tokens.
+	ScopeTask Scope = "task"
 )
 
-// scopeByIndex maps the scope numbers the Lua scripts return (KEYS order).
-var scopeByIndex = map[int64]Scope{1: ScopeSite, 2: ScopeVisitor, 3: ScopeTask}
+// scopeByIndex maps the scope numbers the scripts use (their KEYS order).
+var scopeByIndex = [...]Scope{1: ScopeSite, 2: ScopeSpend, 3: ScopeTier, 4: ScopePrincipal, 5: ScopeTask}
 
 // ExhaustedError names the scope that refused and what it has left.
 type ExhaustedError struct {
-	Scope     Scope
+	Scope Scope
+	// Remaining is what the scope can still reserve: tokens, or
+	// micro-units for ScopeSpend.
 	Remaining int64
+	// First is true for the scope's first refusal of the day, once across
+	// replicas: the one on which to raise budget_exhausted. The task scope
+	// never sets it (a task running out is routine).
+	First bool
+
+	retryAfter time.Duration
 }
 
-// Error describes the refusal without any identifier of the visitor.
+// Error describes the refusal without any identifier of the principal.
 func (e *ExhaustedError) Error() string {
-	return fmt.Sprintf("%s: %s scope has %d tokens left", ErrExhausted, e.Scope, e.Remaining)
+	unit := "tokens"
+	if e.Scope == ScopeSpend {
+		unit = "micro-units"
+	}
+	return fmt.Sprintf("%s: %s scope has %d %s left", ErrExhausted, e.Scope, e.Remaining, unit)
 }
 
 // Unwrap lets errors.Is(err, ErrExhausted) match.
 func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
-// Limits are the token ceilings of the three scopes.
-type Limits struct{ Site, Visitor, Task int64 }
+// RetryAfter is how long until the scope admits again: the time to the
+// next UTC midnight by the Budget's clock for the daily scopes, 0 for the
+// task scope (which never refills; the task has to end).
+func (e *ExhaustedError) RetryAfter() time.Duration { return e.retryAfter }
 
-// DefaultLimits are used for any limit left at zero; they match the defaults
-// of FAREGATE_DAILY_TOKEN_BUDGET, FAREGATE_IP_DAILY_TOKENS and
-// FAREGATE_TASK_TOKEN_LIMIT.
-var DefaultLimits = Limits{Site: 200000, Visitor: 40000, Task: 12000}
+// ScopeEvent reports a daily scope crossing 80% of its limit: the moment
+// to raise budget_warning. Name is the principal id or tier name (empty
+// for the site scopes); Used and Limit are tokens, or micro-units for
+// ScopeSpend. A visitor's principal id must not become a metric label.
+type ScopeEvent struct {
+	Scope       Scope
+	Name        string
+	Used, Limit int64
+}
+
+// Limits are the ceilings that do not depend on who asks.
+type Limits struct {
+	// Site is the site's tokens per UTC day (FAREGATE_DAILY_TOKEN_BUDGET).
+	Site int64
+	// Principal is the daily tokens of a principal whose request names no
+	// limit of its own (FAREGATE_IP_DAILY_TOKENS).
+	Principal int64
+	// Task is one task's tokens (FAREGATE_TASK_TOKEN_LIMIT).
+	Task int64
+	// SpendMicro is the site's spend per UTC day in micro-units
+	// (FAREGATE_DAILY_SPEND_LIMIT); 0 turns the money cap off, though spend
+	// is still counted for priced models.
+	SpendMicro int64
+}
+
+// DefaultLimits are used for any token limit left at zero; they match the
+// defaults of FAREGATE_DAILY_TOKEN_BUDGET, FAREGATE_IP_DAILY_TOKENS and
+// FAREGATE_TASK_TOKEN_LIMIT. There is no default spend limit.
+var DefaultLimits = Limits{Site: 200000, Principal: 40000, Task: 12000}
 
 // DefaultReservationTTL bounds how long an unsettled reservation holds tokens.
 const DefaultReservationTTL = 3 * time.Minute
 
 // dayKeyTTL keeps a day's keys for two days, so a task admitted just before
-// midnight can still settle after it.
+// midnight can still settle after it, and a settled id is remembered as
+// long as a re-sent script could arrive.
 const dayKeyTTL = 172800
+
+// releaseRounds bounds ReleaseTask's loop: 256 reservations per script,
+// far more than one task ever holds at once.
+const releaseRounds = 64
 
 // Options configure a Budget.
 type Options struct {
-	// Limits of the three scopes; zero fields take DefaultLimits.
+	// Limits; zero token fields take DefaultLimits.
 	Limits Limits
+	// Prices of the models; a model without one costs nothing, and may not
+	// be reserved at all while Limits.SpendMicro is set.
+	Prices Prices
 	// ReservationTTL is how long a reservation may stay unsettled before it
 	// is given back; default DefaultReservationTTL.
 	ReservationTTL time.Duration
-	// Now is the clock that decides expiry; default time.Now.
+	// Now is the clock that decides expiry and RetryAfter; default time.Now.
 	Now func() time.Time
 	// Registerer receives the metrics; nil leaves them unregistered.
 	Registerer prometheus.Registerer
 }
 
-// Budget reserves and settles tokens in Redis.
+// Budget reserves and settles tokens and money in Redis.
 type Budget struct {
 	rdb    redis.Scripter
 	limits Limits
+	prices Prices
 	ttl    time.Duration
 	now    func() time.Time
 	m      *metrics
@@ -114,208 +191,410 @@ func New(rdb redis.Scripter, o Options) *Budget {
 	if l.Site <= 0 {
 		l.Site = DefaultLimits.Site
 	}
-	if l.Visitor <= 0 {
-		l.Visitor = DefaultLimits.Visitor
+	if l.Principal <= 0 {
+		l.Principal = DefaultLimits.Principal
 	}
 	if l.Task <= 0 {
 		l.Task = DefaultLimits.Task
 	}
+	l.SpendMicro = max(l.SpendMicro, 0)
 	if o.ReservationTTL <= 0 {
 		o.ReservationTTL = DefaultReservationTTL
 	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Budget{rdb: rdb, limits: l, ttl: o.ReservationTTL, now: o.Now, m: newMetrics(o.Registerer)}
+	return &Budget{rdb: rdb, limits: l, prices: o.Prices, ttl: o.ReservationTTL, now: o.Now,
+		m: newMetrics(o.Registerer, l.SpendMicro > 0)}
 }
 
 // Limits returns the limits in force, defaults applied.
 func (b *Budget) Limits() Limits { return b.limits }
 
+// Cost is what prompt and completion tokens of model cost in micro-units:
+// 0 for a model without a price, or an error wrapping ErrUnpriced when a
+// spend limit is set (such a call must not be made). The admission check
+// uses it to fill AffordRequest.CostMicro.
+func (b *Budget) Cost(model string, prompt, completion int64) (int64, error) {
+	p, ok := b.prices[model]
+	if !ok {
+		if b.limits.SpendMicro > 0 {
+			return 0, fmt.Errorf("%w: %q while a daily spend limit is set", ErrUnpriced, model)
+		}
+		return 0, nil
+	}
+	return p.Cost(prompt, completion), nil
+}
+
 // Day is the UTC date of t as YYYY-MM-DD, the form every key uses.
 func Day(t time.Time) string { return t.UTC().Format(time.DateOnly) }
 
-// Request asks for Amount tokens for one model call. Day is the UTC day the
-// task was admitted (see Day): a task's spending is always charged to that
-// day, so all its keys share one cluster slot even when it runs past midnight.
+// untilMidnight is the time from t to the next UTC midnight, when every
+// daily scope starts afresh.
+func untilMidnight(t time.Time) time.Duration {
+	t = t.UTC()
+	y, m, d := t.Date()
+	return time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC).Sub(t)
+}
+
+// Request asks to hold what one model call can cost. Day is the UTC day
+// the task was admitted (see Day): a task's spending is always charged to
+// that day, so all its keys share one cluster slot even when it runs past
+// midnight.
 type Request struct {
-	Day, Visitor, Task string
-	Amount             int64
+	// ID names the reservation; empty: 128 random bits are drawn. A caller
+	// that retries a reserve itself passes the same ID, so the retry is
+	// answered, not charged again.
+	ID string
+	// Day, Principal and Task name the scopes; identifiers are 1–128
+	// characters of [A-Za-z0-9_-] (e.g. v_<hmac-hex>, k_<key id>, t_…).
+	Day, Principal, Task string
+	// PrincipalLimit is the principal's daily tokens (its tier's
+	// tokens_per_day); 0 takes Limits.Principal.
+	PrincipalLimit int64
+	// Tier, when set, also charges the tier's scope; TierLimit is its cap
+	// (max_site_share × site tokens), 0 = counted but not capped.
+	Tier      string
+	TierLimit int64
+	// Model picks the price.
+	Model string
+	// PromptTokens (estimated) and MaxTokens (the completion cap) make the
+	// hold: tokens = prompt + max, cost = prompt×input + max×output.
+	PromptTokens, MaxTokens int64
 }
 
 // Reservation is a granted Request; hand it back to Settle unchanged.
 type Reservation struct {
-	ID, Day, Visitor, Task string
-	Amount                 int64
+	ID, Day, Principal, Tier, Task, Model string
+	// PrincipalLimit and TierLimit are the limits the reservation was
+	// checked against; Settle uses them to spot an 80% crossing.
+	PrincipalLimit, TierLimit int64
+	// Tokens and CostMicro are what is held.
+	Tokens, CostMicro int64
+	// Warnings lists the daily scopes this reservation took past 80%
+	// first today (site, spend, tier, principal).
+	Warnings []ScopeEvent
 }
 
-// ScopeUsage is one scope's state: settled tokens, tokens held by
-// outstanding reservations, and its limit.
-type ScopeUsage struct{ Settled, Outstanding, Limit int64 }
+// Settlement is what a settle charged. Tokens and CostMicro are charged in
+// every scope; the overage is the part beyond the hold (all of it when the
+// hold had been given back before the settle: Late), recorded in every
+// scope and counted in faregate_budget_overage_tokens_total. OverageTokens
+// or OverageCostMicro > 0 is the caller's cue to raise an `overage` alert.
+type Settlement struct {
+	Tokens, CostMicro               int64
+	OverageTokens, OverageCostMicro int64
+	// Late is true when the reservation had expired or been released
+	// before this settle, which then charged everything as overage.
+	Late bool
+	// Warnings lists the daily scopes this settle took past 80% first today.
+	Warnings []ScopeEvent
+}
 
-// keys are the Redis keys of one day, visitor and task.
-type keys struct{ site, visitor, task, res, resinfo string }
+// keys are the Redis keys of one day, principal, tier and task.
+type keys struct{ site, spend, tier, principal, task, taskres, res, resinfo, done string }
 
-func keysFor(day, visitor, task string) keys {
+func keysFor(day, principal, tier, task string) keys {
 	p := "faregate:budget:{" + day + "}:"
-	return keys{site: p + "site", visitor: p + "ip:" + visitor, task: p + "task:" + task, res: p + "res", resinfo: p + "resinfo"}
+	return keys{site: p + "site", spend: p + "spend", tier: p + "tier:" + tier, principal: p + "p:" + principal,
+		task: p + "task:" + task, taskres: p + "taskres:" + task, res: p + "res", resinfo: p + "resinfo", done: p + "done"}
 }
 
-// Reserve holds req.Amount tokens in the site, visitor and task scopes at
-// once, or in none: it returns an *ExhaustedError (wrapping ErrExhausted)
-// naming the narrowest scope that cannot afford it, or ErrUnavailable.
+// scopeKeys is the KEYS list of the reserve and settle scripts.
+func (k keys) scopeKeys() []string {
+	return []string{k.site, k.spend, k.tier, k.principal, k.task, k.taskres, k.res, k.resinfo, k.done}
+}
+
+// Reserve holds req's tokens and cost in every scope at once, or in none:
+// it returns an *ExhaustedError naming the narrowest scope that cannot
+// afford it (task, principal, tier, site tokens, site spend),
+// ErrUnavailable, or ErrInvalid. A re-sent reserve (same ID and request)
+// answers the first success again without holding twice.
 func (b *Budget) Reserve(ctx context.Context, req Request) (Reservation, error) {
-	if err := validate(req.Day, req.Visitor, req.Task); err != nil {
+	if err := validate(req.Day, req.Principal, req.Tier, req.Task); err != nil {
 		return Reservation{}, err
 	}
-	if req.Amount <= 0 {
-		return Reservation{}, fmt.Errorf("%w: amount %d must be positive", ErrInvalid, req.Amount)
+	if req.ID != "" && !validID(req.ID) {
+		return Reservation{}, fmt.Errorf("%w: reservation id must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
 	}
-	// 128 random bits: a reservation id is never guessed nor reused.
-	id := "r" + rand.Text()
-	k := keysFor(req.Day, req.Visitor, req.Task)
+	if req.PromptTokens < 0 || req.MaxTokens < 0 || req.PromptTokens+req.MaxTokens <= 0 || len(req.Model) > 256 {
+		return Reservation{}, fmt.Errorf("%w: reserve %d prompt + %d max tokens of a %d-byte model name",
+			ErrInvalid, req.PromptTokens, req.MaxTokens, len(req.Model))
+	}
+	cost, err := b.Cost(req.Model, req.PromptTokens, req.MaxTokens)
+	if err != nil {
+		return Reservation{}, err
+	}
+	r := Reservation{ID: req.ID, Day: req.Day, Principal: req.Principal, Tier: req.Tier, Task: req.Task, Model: req.Model,
+		PrincipalLimit: req.PrincipalLimit, TierLimit: max(req.TierLimit, 0),
+		Tokens: req.PromptTokens + req.MaxTokens, CostMicro: cost}
+	if r.PrincipalLimit <= 0 {
+		r.PrincipalLimit = b.limits.Principal
+	}
+	if r.ID == "" {
+		// 128 random bits: a reservation id is never guessed nor reused.
+		r.ID = "r" + rand.Text()
+	}
 	now := b.now()
-	res, err := reserveScript.Run(ctx, b.rdb,
-		[]string{k.site, k.visitor, k.task, k.res, k.resinfo},
-		ms(now), ms(now.Add(b.ttl)), id, req.Amount,
-		b.limits.Site, b.limits.Visitor, b.limits.Task, dayKeyTTL,
-		info(req.Amount, req.Visitor, req.Task),
+	v, err := reserveScript.Run(ctx, b.rdb, keysFor(r.Day, r.Principal, r.Tier, r.Task).scopeKeys(),
+		ms(now), ms(now.Add(b.ttl)), r.ID, r.Tokens, r.CostMicro,
+		b.limits.Site, b.limits.SpendMicro, r.TierLimit, r.PrincipalLimit, b.limits.Task,
+		dayKeyTTL, info(r), flag(r.Tier != ""),
 	).Int64Slice()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("%w: reserve: %w", ErrUnavailable, err)
 	}
-	r, err := b.observe(res)
-	if err != nil {
-		return Reservation{}, err
+	if len(v) != 15 {
+		return Reservation{}, fmt.Errorf("%w: reserve script returned %d values", ErrUnavailable, len(v))
 	}
-	if r.ok != 1 {
-		return Reservation{}, b.refuse(r)
+	b.m.update(b.limits, v[4], v[5], v[6])
+	switch v[0] {
+	case 1, 2:
+		r.Warnings = b.warnings(v[7:11], v[11:15], r)
+		return r, nil
+	case 0:
+		return Reservation{}, b.refuse(v[1], v[2], v[3] == 1, now)
+	default:
+		return Reservation{}, fmt.Errorf("%w: reservation id %s is taken by another reservation", ErrInvalid, r.ID)
 	}
-	return Reservation{ID: id, Day: req.Day, Visitor: req.Visitor, Task: req.Task, Amount: req.Amount}, nil
 }
 
-// Settle ends a reservation with the usage the provider reported and
-// returns what was charged: min(actual, reserved). The reservation is the
-// hard cap by design: charging more than was reserved could push a scope
-// over its limit after the fact, which the invariant forbids; the caller
-// records the real usage, overage included, in the Ledger instead.
-// A reservation that is unknown, expired (already given back) or already
-// settled yields ErrUnknownReservation and charges nothing.
-func (b *Budget) Settle(ctx context.Context, r Reservation, actual int64) (int64, error) {
-	if err := validate(r.Day, r.Visitor, r.Task); err != nil {
-		return 0, err
+// Settle ends reservation r with the usage the provider reported (or the
+// caller's estimate) and charges it in full in every scope, at r.Model's
+// price. What exceeds the hold is overage; if the hold was already given
+// back (expired, or released by ReleaseTask) everything is overage and
+// Late is set: a late settle charges what was used, never nothing.
+// Settling the same reservation again answers the first Settlement and
+// charges nothing. A reservation never made here (or altered) yields
+// ErrUnknownReservation.
+func (b *Budget) Settle(ctx context.Context, r Reservation, prompt, completion int64) (Settlement, error) {
+	if err := validate(r.Day, r.Principal, r.Tier, r.Task); err != nil {
+		return Settlement{}, err
 	}
-	if r.ID == "" || r.Amount <= 0 || actual < 0 {
-		return 0, fmt.Errorf("%w: settle of reservation %q with actual %d", ErrInvalid, r.ID, actual)
+	if !validID(r.ID) || r.Tokens <= 0 || r.CostMicro < 0 || prompt < 0 || completion < 0 {
+		return Settlement{}, fmt.Errorf("%w: settle of reservation %q with %d prompt and %d completion tokens",
+			ErrInvalid, r.ID, prompt, completion)
 	}
-	k := keysFor(r.Day, r.Visitor, r.Task)
-	res, err := settleScript.Run(ctx, b.rdb,
-		[]string{k.site, k.visitor, k.task, k.res, k.resinfo},
-		ms(b.now()), r.ID, actual, info(r.Amount, r.Visitor, r.Task), dayKeyTTL,
+	// An unpriced model could only have been reserved with the spend cap
+	// off, so it costs nothing here either.
+	var cost int64
+	if p, ok := b.prices[r.Model]; ok {
+		cost = p.Cost(prompt, completion)
+	}
+	plimit := r.PrincipalLimit
+	if plimit <= 0 {
+		plimit = b.limits.Principal
+	}
+	v, err := settleScript.Run(ctx, b.rdb, keysFor(r.Day, r.Principal, r.Tier, r.Task).scopeKeys(),
+		ms(b.now()), r.ID, prompt+completion, cost, info(r), dayKeyTTL,
+		b.limits.Site, b.limits.SpendMicro, max(r.TierLimit, 0), plimit, flag(r.Tier != ""),
 	).Int64Slice()
 	if err != nil {
-		return 0, fmt.Errorf("%w: settle: %w", ErrUnavailable, err)
+		return Settlement{}, fmt.Errorf("%w: settle: %w", ErrUnavailable, err)
 	}
-	o, err := b.observe(res)
-	if err != nil {
-		return 0, err
+	if len(v) != 17 {
+		return Settlement{}, fmt.Errorf("%w: settle script returned %d values", ErrUnavailable, len(v))
 	}
-	if o.ok != 1 {
-		return 0, fmt.Errorf("%w: %s", ErrUnknownReservation, r.ID)
+	b.m.update(b.limits, v[6], v[7], v[8])
+	if v[0] == 0 {
+		return Settlement{}, fmt.Errorf("%w: %s", ErrUnknownReservation, r.ID)
 	}
-	return o.value, nil
+	s := Settlement{Tokens: v[1], CostMicro: v[2], OverageTokens: v[3], OverageCostMicro: v[4], Late: v[5] == 1}
+	r.PrincipalLimit = plimit
+	s.Warnings = b.warnings(v[9:13], v[13:17], r)
+	// Counted on every answer, repeats included: a repeat is most often a
+	// re-send whose first reply (and so its count) was lost.
+	b.m.overage(s.OverageTokens, s.OverageCostMicro, s.Late)
+	return s, nil
 }
 
-// CanAfford reports whether the site and the visitor could both reserve
-// amount right now: nil, an *ExhaustedError (visitor named first) or
-// ErrUnavailable. It reserves nothing; the admission check uses it to refuse
-// a task that could not pay for even its first model call.
-func (b *Budget) CanAfford(ctx context.Context, day, visitor string, amount int64) error {
+// ReleaseTask gives back every open reservation of task (admitted on day)
+// at once, in all its scopes, and returns how many it gave back. The
+// reaper calls it when a task's lease lapsed: the replica that held them is
+// gone. Their settles, should they still arrive, are charged as overage.
+// A re-sent script (lost reply) answers the same count; calling
+// ReleaseTask again finds nothing open and returns 0.
+func (b *Budget) ReleaseTask(ctx context.Context, day, task string) (int64, error) {
 	if err := validDay(day); err != nil {
+		return 0, err
+	}
+	if !validID(task) {
+		return 0, fmt.Errorf("%w: task must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
+	}
+	k := keysFor(day, "", "", task)
+	var released int64
+	for range releaseRounds {
+		// A fresh op id per round: a re-send of this round (lost reply)
+		// is answered from its record; the next round is new work.
+		v, err := releaseScript.Run(ctx, b.rdb, []string{k.site, k.taskres, k.res, k.resinfo, k.done},
+			ms(b.now()), dayKeyTTL, rand.Text()).Int64Slice()
+		if err != nil {
+			return released, fmt.Errorf("%w: release: %w", ErrUnavailable, err)
+		}
+		if len(v) != 5 {
+			return released, fmt.Errorf("%w: release script returned %d values", ErrUnavailable, len(v))
+		}
+		released += v[0]
+		b.m.update(b.limits, v[2], v[3], v[4])
+		if v[1] == 0 {
+			break
+		}
+	}
+	return released, nil
+}
+
+// AffordRequest asks whether a principal could reserve Tokens costing
+// CostMicro right now; fields mean what they mean in Request.
+type AffordRequest struct {
+	Day, Principal    string
+	PrincipalLimit    int64
+	Tier              string
+	TierLimit         int64
+	Tokens, CostMicro int64
+}
+
+// CanAfford reports whether the principal, its tier, the site's tokens and
+// the site's spend could all hold a reservation of a.Tokens and
+// a.CostMicro right now: nil, an *ExhaustedError (same precedence as
+// Reserve), ErrUnavailable or ErrInvalid. It holds nothing: the admission
+// check uses it to refuse a task that could not pay for even its first
+// model call. It reaps expired reservations first, and a refusal sets the
+// scope's once-a-day exhausted flag (ExhaustedError.First).
+func (b *Budget) CanAfford(ctx context.Context, a AffordRequest) error {
+	if err := validDay(a.Day); err != nil {
 		return err
 	}
-	if !validID(visitor) {
-		return fmt.Errorf("%w: visitor identifier", ErrInvalid)
+	if !validID(a.Principal) || (a.Tier != "" && !validID(a.Tier)) {
+		return fmt.Errorf("%w: principal and tier must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
 	}
-	if amount <= 0 {
-		return fmt.Errorf("%w: amount %d must be positive", ErrInvalid, amount)
+	if a.Tokens <= 0 || a.CostMicro < 0 {
+		return fmt.Errorf("%w: can afford %d tokens costing %d", ErrInvalid, a.Tokens, a.CostMicro)
 	}
-	k := keysFor(day, visitor, "")
-	res, err := canAffordScript.Run(ctx, b.rdb,
-		[]string{k.site, k.visitor, k.res, k.resinfo},
-		ms(b.now()), amount, b.limits.Site, b.limits.Visitor,
+	plimit := a.PrincipalLimit
+	if plimit <= 0 {
+		plimit = b.limits.Principal
+	}
+	k := keysFor(a.Day, a.Principal, a.Tier, "")
+	now := b.now()
+	v, err := canAffordScript.Run(ctx, b.rdb, []string{k.site, k.spend, k.tier, k.principal, k.res, k.resinfo, k.done},
+		ms(now), dayKeyTTL, a.Tokens, a.CostMicro, b.limits.Site, b.limits.SpendMicro, max(a.TierLimit, 0), plimit,
+		flag(a.Tier != ""),
 	).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("%w: can afford: %w", ErrUnavailable, err)
 	}
-	r, err := b.observe(res)
-	if err != nil {
-		return err
+	if len(v) != 7 {
+		return fmt.Errorf("%w: can afford script returned %d values", ErrUnavailable, len(v))
 	}
-	if r.ok != 1 {
-		return b.refuse(r)
+	b.m.update(b.limits, v[4], v[5], v[6])
+	if v[0] != 1 {
+		return b.refuse(v[1], v[2], v[3] == 1, now)
 	}
 	return nil
 }
 
-// Usage reads the three scopes and the number of outstanding reservations
-// of the day in one atomic step. An empty visitor or task reads as zero.
-func (b *Budget) Usage(ctx context.Context, day, visitor, task string) (site, vis, tsk ScopeUsage, outstandingReservations int64, err error) {
-	if err := validDay(day); err != nil {
-		return site, vis, tsk, 0, err
+// ScopeUsage is one scope's state: settled (overage included), held by
+// outstanding reservations, the overage part of settled, and the limit
+// (0 = none). Tokens, or micro-units for the spend scope.
+type ScopeUsage struct{ Settled, Outstanding, Overage, Limit int64 }
+
+// UsageQuery names the scopes Usage reads; empty Principal, Tier or Task
+// read as zero. The limits mean what they mean in Request.
+type UsageQuery struct {
+	Day, Principal, Tier, Task string
+	PrincipalLimit, TierLimit  int64
+}
+
+// UsageReport is every scope of a UsageQuery read in one atomic step, and
+// the number of the day's outstanding reservations.
+type UsageReport struct {
+	Site, Spend, Tier, Principal, Task ScopeUsage
+	Reservations                       int64
+}
+
+// Usage reads the scopes of q (for GET /api/usage and operators) after
+// reaping expired reservations.
+func (b *Budget) Usage(ctx context.Context, q UsageQuery) (UsageReport, error) {
+	if err := validDay(q.Day); err != nil {
+		return UsageReport{}, err
 	}
 	// Empty names map to keys no Reserve can create, which read as zero.
-	if (visitor != "" && !validID(visitor)) || (task != "" && !validID(task)) {
-		return site, vis, tsk, 0, fmt.Errorf("%w: visitor or task identifier", ErrInvalid)
+	for _, id := range []string{q.Principal, q.Tier, q.Task} {
+		if id != "" && !validID(id) {
+			return UsageReport{}, fmt.Errorf("%w: principal, tier and task must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
+		}
 	}
-	k := keysFor(day, visitor, task)
-	res, err := usageScript.Run(ctx, b.rdb,
-		[]string{k.site, k.visitor, k.task, k.res, k.resinfo}, ms(b.now()),
-	).Int64Slice()
+	k := keysFor(q.Day, q.Principal, q.Tier, q.Task)
+	v, err := usageScript.Run(ctx, b.rdb, []string{k.site, k.spend, k.tier, k.principal, k.task, k.res, k.resinfo, k.done},
+		ms(b.now()), dayKeyTTL).Int64Slice()
 	if err != nil {
-		return site, vis, tsk, 0, fmt.Errorf("%w: usage: %w", ErrUnavailable, err)
+		return UsageReport{}, fmt.Errorf("%w: usage: %w", ErrUnavailable, err)
 	}
-	if len(res) != 7 {
-		return site, vis, tsk, 0, fmt.Errorf("%w: usage script returned %d values", ErrUnavailable, len(res))
+	if len(v) != 16 {
+		return UsageReport{}, fmt.Errorf("%w: usage script returned %d values", ErrUnavailable, len(v))
 	}
-	site = ScopeUsage{Settled: res[0], Outstanding: res[1], Limit: b.limits.Site}
-	vis = ScopeUsage{Settled: res[2], Outstanding: res[3], Limit: b.limits.Visitor}
-	tsk = ScopeUsage{Settled: res[4], Outstanding: res[5], Limit: b.limits.Task}
-	b.m.update(b.limits.Site-res[0]-res[1], res[6])
-	return site, vis, tsk, res[6], nil
+	plimit := q.PrincipalLimit
+	if plimit <= 0 {
+		plimit = b.limits.Principal
+	}
+	su := func(i int, limit int64) ScopeUsage {
+		return ScopeUsage{Settled: v[3*i], Outstanding: v[3*i+1], Overage: v[3*i+2], Limit: limit}
+	}
+	rep := UsageReport{Site: su(0, b.limits.Site), Spend: su(1, b.limits.SpendMicro), Tier: su(2, max(q.TierLimit, 0)),
+		Principal: su(3, plimit), Task: su(4, b.limits.Task), Reservations: v[15]}
+	if q.Tier == "" {
+		rep.Tier.Limit = 0
+	}
+	b.m.update(b.limits, rep.Site.Settled+rep.Site.Outstanding, rep.Spend.Settled+rep.Spend.Outstanding, rep.Reservations)
+	return rep, nil
 }
 
-// result is the common shape the reserve, settle and can-afford scripts return.
-type result struct{ ok, scope, value, siteSettled, siteOutstanding, reservations int64 }
-
-// observe decodes a script result and refreshes the gauges from it, so the
-// metrics follow every operation without extra round trips.
-func (b *Budget) observe(v []int64) (result, error) {
-	if len(v) != 6 {
-		return result{}, fmt.Errorf("%w: script returned %d values", ErrUnavailable, len(v))
+// refuse turns a refusal into an *ExhaustedError and counts it.
+func (b *Budget) refuse(scope, remaining int64, first bool, now time.Time) error {
+	if scope < 1 || scope >= int64(len(scopeByIndex)) {
+		return fmt.Errorf("%w: script named scope %d", ErrUnavailable, scope)
 	}
-	r := result{ok: v[0], scope: v[1], value: v[2], siteSettled: v[3], siteOutstanding: v[4], reservations: v[5]}
-	b.m.update(b.limits.Site-r.siteSettled-r.siteOutstanding, r.reservations)
-	return r, nil
-}
-
-// refuse turns a refusal result into an *ExhaustedError and counts it.
-func (b *Budget) refuse(r result) error {
-	s, ok := scopeByIndex[r.scope]
-	if !ok {
-		return fmt.Errorf("%w: script named scope %d", ErrUnavailable, r.scope)
-	}
+	s := scopeByIndex[scope]
 	b.m.refusals.WithLabelValues(string(s)).Inc()
-	return &ExhaustedError{Scope: s, Remaining: r.value}
+	e := &ExhaustedError{Scope: s, Remaining: remaining, First: first}
+	if s != ScopeTask {
+		e.retryAfter = untilMidnight(now)
+	}
+	return e
 }
 
-// validate checks the identifiers that become parts of Redis keys.
-func validate(day, visitor, task string) error {
+// warnings turns the scripts' four warning flags (site, spend, tier,
+// principal) and used values into events.
+func (b *Budget) warnings(flags, used []int64, r Reservation) []ScopeEvent {
+	var out []ScopeEvent
+	for i, f := range flags {
+		if f != 1 {
+			continue
+		}
+		e := ScopeEvent{Scope: scopeByIndex[i+1], Used: used[i]}
+		switch e.Scope {
+		case ScopeSite:
+			e.Limit = b.limits.Site
+		case ScopeSpend:
+			e.Limit = b.limits.SpendMicro
+		case ScopeTier:
+			e.Name, e.Limit = r.Tier, r.TierLimit
+		case ScopePrincipal:
+			e.Name, e.Limit = r.Principal, r.PrincipalLimit
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// validate checks the identifiers that become parts of Redis keys; tier
+// may be empty (no tier scope).
+func validate(day, principal, tier, task string) error {
 	if err := validDay(day); err != nil {
 		return err
 	}
-	if !validID(visitor) || !validID(task) {
-		return fmt.Errorf("%w: visitor and task must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
+	if !validID(principal) || !validID(task) || (tier != "" && !validID(tier)) {
+		return fmt.Errorf("%w: principal, tier and task must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
 	}
 	return nil
 }
@@ -327,10 +606,11 @@ func validDay(day string) error {
 	return nil
 }
 
-// validID admits what visitor HMACs and task ids look like. Keeping "|" and
-// ":" out matters: resinfo stores "amount|visitor|task" and the reaper
-// splits on "|", and a colon could forge another key's name. Refusing dots
-// and colons also keeps a raw IP address (instead of its HMAC) out of Redis.
+// validID admits what principal ids, tier names, task and reservation ids
+// look like. Keeping "|" and ":" out matters: resinfo stores
+// "tokens|cost|principal|tier|task|model" and the reaper splits on "|",
+// and a colon could forge another key's name. Refusing dots and colons
+// also keeps a raw IP address (instead of its HMAC) out of Redis.
 func validID(s string) bool {
 	if s == "" || len(s) > 128 {
 		return false
@@ -346,9 +626,19 @@ func validID(s string) bool {
 }
 
 // info is what resinfo stores for a reservation: enough to give it back to
-// exactly its own three scopes.
-func info(amount int64, visitor, task string) string {
-	return strconv.FormatInt(amount, 10) + "|" + visitor + "|" + task
+// exactly its own scopes, and to recognise the same reservation when a
+// reserve or settle is re-sent. The model comes last, so it may contain
+// any character.
+func info(r Reservation) string {
+	return strconv.FormatInt(r.Tokens, 10) + "|" + strconv.FormatInt(r.CostMicro, 10) + "|" +
+		r.Principal + "|" + r.Tier + "|" + r.Task + "|" + r.Model
+}
+
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,20 +36,26 @@ var start = time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)
 
 const (
 	day     = "2026-08-31"
-	visA    = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	visB    = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	visA    = "v_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	visB    = "v_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	keyA    = "k_acme"
+	keyB    = "k_globex"
 	taskOne = "t_one"
 	taskTwo = "t_two"
+	partner = "partner"
 )
+
+// testPrices: a cheap and a dear model (gpt-4o-mini and gpt-4o list
+// prices), a very dear one and a free one.
+var testPrices = Prices{"cheap": {150000, 600000}, "dear": {2500000, 10000000}, "gold": {50000000, 50000000}, "free": {}}
 
 // fixture is one Budget on one backend, with its clock and registry.
 type fixture struct {
-	b     *Budget
-	rdb   *redis.Client
-	clk   *clock
-	reg   *prometheus.Registry
-	ctx   context.Context
-	limit Limits
+	b   *Budget
+	rdb *redis.Client
+	clk *clock
+	reg *prometheus.Registry
+	ctx context.Context
 }
 
 func newFixture(t *testing.T, rdb *redis.Client, l Limits) *fixture {
@@ -57,29 +65,64 @@ func newFixture(t *testing.T, rdb *redis.Client, l Limits) *fixture {
 	}
 	clk := newClock(start)
 	reg := prometheus.NewRegistry()
-	b := New(rdb, Options{Limits: l, ReservationTTL: time.Minute, Now: clk.Now, Registerer: reg})
-	return &fixture{b: b, rdb: rdb, clk: clk, reg: reg, ctx: context.Background(), limit: b.Limits()}
+	b := New(rdb, Options{Limits: l, Prices: testPrices, ReservationTTL: time.Minute, Now: clk.Now, Registerer: reg})
+	return &fixture{b: b, rdb: rdb, clk: clk, reg: reg, ctx: context.Background()}
 }
 
-func (f *fixture) reserve(t *testing.T, vis, task string, amount int64) Reservation {
+// another is a second Budget (another replica) on the same Redis and clock.
+func (f *fixture) another() *Budget {
+	return New(f.rdb, Options{Limits: f.b.Limits(), Prices: testPrices, ReservationTTL: time.Minute, Now: f.clk.Now})
+}
+
+// tok asks for amount tokens of a free model.
+func tok(principal, task string, amount int64) Request {
+	return Request{Day: day, Principal: principal, Task: task, Model: "free", PromptTokens: amount}
+}
+
+func (f *fixture) reserve(t *testing.T, req Request) Reservation {
 	t.Helper()
-	r, err := f.b.Reserve(f.ctx, Request{Day: day, Visitor: vis, Task: task, Amount: amount})
+	r, err := f.b.Reserve(f.ctx, req)
 	if err != nil {
-		t.Fatalf("reserve %d: %v", amount, err)
+		t.Fatalf("reserve %+v: %v", req, err)
 	}
 	return r
 }
 
-// usage asserts the three scopes of (vis, task) and the reservation count.
-func (f *fixture) usage(t *testing.T, vis, task string, site, visitor, tsk ScopeUsage, n int64) {
+func (f *fixture) settle(t *testing.T, r Reservation, prompt, completion int64) Settlement {
 	t.Helper()
-	s, v, k, got, err := f.b.Usage(f.ctx, day, vis, task)
+	s, err := f.b.Settle(f.ctx, r, prompt, completion)
+	if err != nil {
+		t.Fatalf("settle %s: %v", r.ID, err)
+	}
+	return s
+}
+
+// su is {settled, outstanding, overage} of one scope.
+type su [3]int64
+
+// state is what check expects of the scopes of one UsageQuery.
+type state struct {
+	site, spend, tier, principal, task su
+	n                                  int64
+}
+
+func (f *fixture) check(t *testing.T, q UsageQuery, want state) {
+	t.Helper()
+	q.Day = day
+	rep, err := f.b.Usage(f.ctx, q)
 	if err != nil {
 		t.Fatalf("usage: %v", err)
 	}
-	site.Limit, visitor.Limit, tsk.Limit = f.limit.Site, f.limit.Visitor, f.limit.Task
-	if s != site || v != visitor || k != tsk || got != n {
-		t.Fatalf("usage = site %+v visitor %+v task %+v reservations %d; want %+v %+v %+v %d", s, v, k, got, site, visitor, tsk, n)
+	x := func(s ScopeUsage) su { return su{s.Settled, s.Outstanding, s.Overage} }
+	got := state{x(rep.Site), x(rep.Spend), x(rep.Tier), x(rep.Principal), x(rep.Task), rep.Reservations}
+	if got != want {
+		t.Fatalf("usage of %+v\n got %+v\nwant %+v", q, got, want)
+	}
+	// The invariant, in every scope: only recorded overage passes a limit.
+	for name, s := range map[string]ScopeUsage{"site": rep.Site, "spend": rep.Spend, "tier": rep.Tier, "principal": rep.Principal, "task": rep.Task} {
+		if s.Limit > 0 && s.Settled+s.Outstanding-s.Overage > s.Limit {
+			t.Fatalf("%s scope %+v breaks settled + outstanding − overage ≤ limit", name, s)
+		}
 	}
 }
 
@@ -90,13 +133,21 @@ func TestConformance(t *testing.T) {
 		run  func(t *testing.T, rdb *redis.Client)
 	}{
 		{"ReserveSettleArithmetic", testReserveSettle},
+		{"OverageRefusesNext", testOverageRefusesNext},
+		{"Money", testMoney},
 		{"RefusalNamesScope", testRefusal},
+		{"TierShare", testTierShare},
 		{"KeysAndTTL", testKeys},
-		{"DoubleSettleChargesOnce", testDoubleSettle},
+		{"ReserveIsIdempotent", testReserveIdempotent},
+		{"SettleIsIdempotent", testSettleIdempotent},
 		{"AlteredReservationRefused", testAltered},
 		{"ExpiryGivesBackOnce", testExpiry},
+		{"ReleaseTask", testReleaseTask},
 		{"ConcurrentReapersGiveBackOnce", testConcurrentReapers},
 		{"CanAfford", testCanAfford},
+		{"WarningOncePerScopeAndDay", testWarningOnce},
+		{"WarningOnceUnderConcurrency", testWarningConcurrent},
+		{"ExhaustedFirstOnce", testExhaustedFirst},
 		{"Metrics", testMetrics},
 		{"Ledger", testLedger},
 		{"LedgerPaging", testLedgerPaging},
@@ -114,64 +165,149 @@ func testReserveSettle(t *testing.T, rdb *redis.Client) {
 	cases := []struct {
 		name            string
 		reserve, actual int64
-		charged         int64
+		overage         int64
 	}{
-		{"partial use returns the rest", 1000, 300, 300},
+		{"partial use returns the rest", 1000, 300, 0},
 		{"nothing used", 1000, 0, 0},
-		{"exact use", 1000, 1000, 1000},
-		{"overage capped at the reservation", 1000, 1700, 1000},
+		{"exact use", 1000, 1000, 0},
+		{"use above the hold is charged in full", 1000, 1700, 700},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, rdb, Limits{})
-			r := f.reserve(t, visA, taskOne, c.reserve)
-			held := ScopeUsage{Outstanding: c.reserve}
-			f.usage(t, visA, taskOne, held, held, held, 1)
-			got, err := f.b.Settle(f.ctx, r, c.actual)
-			if err != nil || got != c.charged {
-				t.Fatalf("settle = %d, %v; want %d", got, err, c.charged)
+			r := f.reserve(t, tok(visA, taskOne, c.reserve))
+			held := su{0, c.reserve, 0}
+			q := UsageQuery{Principal: visA, Task: taskOne}
+			f.check(t, q, state{site: held, principal: held, task: held, n: 1})
+			got := f.settle(t, r, c.actual, 0)
+			if want := (Settlement{Tokens: c.actual, OverageTokens: c.overage}); !reflect.DeepEqual(got, want) {
+				t.Fatalf("settle = %+v; want %+v", got, want)
 			}
-			done := ScopeUsage{Settled: c.charged}
-			f.usage(t, visA, taskOne, done, done, done, 0)
+			done := su{c.actual, 0, c.overage}
+			f.check(t, q, state{site: done, principal: done, task: done})
+			if v := testutil.ToFloat64(f.b.m.overageTokens.WithLabelValues(causeExcess)); v != float64(c.overage) {
+				t.Fatalf("overage metric = %v; want %d", v, c.overage)
+			}
 		})
 	}
 }
 
+// testOverageRefusesNext: a settle that pushes a scope past its limit is
+// recorded as overage, and the scope refuses the next reservation at once.
+func testOverageRefusesNext(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 1000, Principal: 5000, Task: 5000})
+	r := f.reserve(t, tok(visA, taskOne, 600))
+	s := f.settle(t, r, 1000, 300)
+	if s.Tokens != 1300 || s.OverageTokens != 700 || s.Late {
+		t.Fatalf("settle = %+v; want 1300 charged, 700 overage", s)
+	}
+	f.check(t, UsageQuery{Principal: visA, Task: taskOne},
+		state{site: su{1300, 0, 700}, principal: su{1300, 0, 700}, task: su{1300, 0, 700}})
+	// The overage lives in the scope hashes themselves, for every replica.
+	if h := rdb.HGetAll(f.ctx, "faregate:budget:{"+day+"}:site").Val(); h["settled"] != "1300" || h["overage"] != "700" {
+		t.Fatalf("site hash = %v", h)
+	}
+	_, err := f.b.Reserve(f.ctx, tok(visB, taskTwo, 1))
+	var ex *ExhaustedError
+	if !errors.As(err, &ex) || ex.Scope != ScopeSite || ex.Remaining != 0 {
+		t.Fatalf("next reserve = %v; want the site scope exhausted with 0 left", err)
+	}
+	if v := testutil.ToFloat64(f.b.m.overageTokens.WithLabelValues(causeExcess)); v != 700 {
+		t.Fatalf("faregate_budget_overage_tokens_total = %v; want 700", v)
+	}
+}
+
+// testMoney: cost is held and settled with the tokens, to the micro-unit.
+func testMoney(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 100000, Principal: 100000, Task: 100000, SpendMicro: 10000})
+	dear := Request{Day: day, Principal: keyA, Task: taskOne, Model: "dear", PromptTokens: 1000, MaxTokens: 500}
+	r := f.reserve(t, dear)
+	// 1000 × 2.5 + 500 × 10 micro-units.
+	if r.Tokens != 1500 || r.CostMicro != 7500 {
+		t.Fatalf("reservation = %+v; want 1500 tokens costing 7500", r)
+	}
+	q := UsageQuery{Principal: keyA, Task: taskOne}
+	f.check(t, q, state{site: su{0, 1500, 0}, spend: su{0, 7500, 0}, principal: su{0, 1500, 0}, task: su{0, 1500, 0}, n: 1})
+	if s := f.settle(t, r, 1000, 200); s.CostMicro != 4500 || s.OverageCostMicro != 0 {
+		t.Fatalf("settle = %+v; want 4500 micro-units", s)
+	}
+	// 4500 spent: another 7500 does not fit the 10000 cap, 5500 is left.
+	_, err := f.b.Reserve(f.ctx, dear)
+	var ex *ExhaustedError
+	if !errors.As(err, &ex) || ex.Scope != ScopeSpend || ex.Remaining != 5500 {
+		t.Fatalf("reserve over the spend cap = %v; want spend with 5500 left", err)
+	}
+	if !errors.Is(err, ErrExhausted) || ex.RetryAfter() != 12*time.Hour {
+		t.Fatalf("spend refusal %v retry after %v; want ErrExhausted, 12h to midnight", err, ex.RetryAfter())
+	}
+	// Exactly up to the cap is allowed: 5500 = 2000 × 2.5 + 50 × 10.
+	exact := f.reserve(t, Request{Day: day, Principal: keyA, Task: taskTwo, Model: "dear", PromptTokens: 2000, MaxTokens: 50})
+	if exact.CostMicro != 5500 {
+		t.Fatalf("exact reservation costs %d", exact.CostMicro)
+	}
+	if _, err := f.b.Reserve(f.ctx, Request{Day: day, Principal: keyA, Task: taskTwo, Model: "cheap", PromptTokens: 1}); !errors.As(err, &ex) || ex.Scope != ScopeSpend || ex.Remaining != 0 {
+		t.Fatalf("one micro-unit over the cap = %v; want spend refusal", err)
+	}
+	// A completion far above the hold is charged in full, the excess as overage.
+	s := f.settle(t, exact, 2000, 650) // 5000 + 6500 = 11500, held 5500
+	if s.CostMicro != 11500 || s.OverageCostMicro != 6000 || s.OverageTokens != 600 {
+		t.Fatalf("settle above the hold = %+v; want 11500 charged, 6000 and 600 over", s)
+	}
+	f.check(t, UsageQuery{Principal: keyA, Task: taskTwo},
+		state{site: su{3850, 0, 600}, spend: su{16000, 0, 6000}, principal: su{3850, 0, 600}, task: su{2650, 0, 600}})
+	if v := testutil.ToFloat64(f.b.m.overageSpend.WithLabelValues(causeExcess)); v != 6000 {
+		t.Fatalf("overage spend metric = %v; want 6000", v)
+	}
+	// A model without a price cannot be reserved while money is capped.
+	if _, err := f.b.Reserve(f.ctx, Request{Day: day, Principal: keyA, Task: taskOne, Model: "mystery", PromptTokens: 1}); !errors.Is(err, ErrUnpriced) {
+		t.Fatalf("unpriced model = %v; want ErrUnpriced", err)
+	}
+	if c, err := f.b.Cost("cheap", 1000, 1000); c != 750 || err != nil {
+		t.Fatalf("Cost = %d, %v; want 750", c, err)
+	}
+}
+
 func testRefusal(t *testing.T, rdb *redis.Client) {
-	l := Limits{Site: 1000, Visitor: 600, Task: 400}
+	l := Limits{Site: 1000, Principal: 600, Task: 400}
+	tier := func(r Request, limit int64) Request { r.Tier, r.TierLimit = partner, limit; return r }
+	own := func(r Request, limit int64) Request { r.PrincipalLimit = limit; return r }
 	cases := []struct {
 		name      string
 		before    []Request // granted first
 		req       Request
 		scope     Scope
 		remaining int64
+		retry     time.Duration
 	}{
-		{"task", []Request{{day, visA, taskOne, 300}}, Request{day, visA, taskOne, 101}, ScopeTask, 100},
-		{"visitor across tasks", []Request{{day, visA, taskOne, 400}}, Request{day, visA, taskTwo, 201}, ScopeVisitor, 200},
-		{"site across visitors", []Request{{day, visA, taskOne, 400}, {day, visA, taskTwo, 200}, {day, visB, "t_three", 350}},
-			Request{day, visB, "t_four", 51}, ScopeSite, 50},
-		{"narrowest scope named when all are short", []Request{{day, visA, taskOne, 400}, {day, visA, taskTwo, 200}, {day, visB, "t_three", 400}},
-			Request{day, visA, taskOne, 1}, ScopeTask, 0},
+		{"task", []Request{tok(visA, taskOne, 300)}, tok(visA, taskOne, 101), ScopeTask, 100, 0},
+		{"principal across tasks", []Request{tok(visA, taskOne, 400)}, tok(visA, taskTwo, 201), ScopePrincipal, 200, 12 * time.Hour},
+		{"principal's own limit", []Request{own(tok(keyA, taskOne, 200), 250)}, own(tok(keyA, taskTwo, 51), 250), ScopePrincipal, 50, 12 * time.Hour},
+		{"tier across principals", []Request{tier(tok(keyA, taskOne, 300), 500), tier(tok(keyB, taskTwo, 200), 500)},
+			tier(tok(keyB, "t_three", 1), 500), ScopeTier, 0, 12 * time.Hour},
+		{"site across principals", []Request{tok(visA, taskOne, 400), tok(visA, taskTwo, 200), tok(visB, "t_three", 350)},
+			tok(visB, "t_four", 51), ScopeSite, 50, 12 * time.Hour},
+		{"narrowest scope named when all are short", []Request{tok(visA, taskOne, 400), tok(visA, taskTwo, 200), tok(visB, "t_three", 400)},
+			tok(visA, taskOne, 1), ScopeTask, 0, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, rdb, l)
 			for _, r := range c.before {
-				f.reserve(t, r.Visitor, r.Task, r.Amount)
+				f.reserve(t, r)
 			}
-			site0, vis0, task0, n0, _ := f.b.Usage(f.ctx, day, c.req.Visitor, c.req.Task)
+			q := UsageQuery{Day: day, Principal: c.req.Principal, Tier: c.req.Tier, Task: c.req.Task}
+			before, _ := f.b.Usage(f.ctx, q)
 			_, err := f.b.Reserve(f.ctx, c.req)
 			var ex *ExhaustedError
 			if !errors.Is(err, ErrExhausted) || !errors.As(err, &ex) {
 				t.Fatalf("reserve = %v; want *ExhaustedError", err)
 			}
-			if ex.Scope != c.scope || ex.Remaining != c.remaining {
-				t.Fatalf("refused by %s with %d left; want %s with %d", ex.Scope, ex.Remaining, c.scope, c.remaining)
+			if ex.Scope != c.scope || ex.Remaining != c.remaining || ex.RetryAfter() != c.retry {
+				t.Fatalf("refused by %s with %d left, retry %v; want %s with %d, %v", ex.Scope, ex.Remaining, ex.RetryAfter(), c.scope, c.remaining, c.retry)
 			}
 			// A refusal charges nothing in any scope.
-			site1, vis1, task1, n1, _ := f.b.Usage(f.ctx, day, c.req.Visitor, c.req.Task)
-			if site0 != site1 || vis0 != vis1 || task0 != task1 || n0 != n1 {
-				t.Fatalf("refusal changed usage: %+v %+v %+v %d -> %+v %+v %+v %d", site0, vis0, task0, n0, site1, vis1, task1, n1)
+			if after, _ := f.b.Usage(f.ctx, q); after != before {
+				t.Fatalf("refusal changed usage: %+v -> %+v", before, after)
 			}
 			if got := testutil.ToFloat64(f.b.m.refusals.WithLabelValues(string(c.scope))); got != 1 {
 				t.Fatalf("refusals{scope=%s} = %v; want 1", c.scope, got)
@@ -180,17 +316,52 @@ func testRefusal(t *testing.T, rdb *redis.Client) {
 	}
 }
 
+// testTierShare: two principals of one tier together cannot pass the
+// tier's share, while a public principal still can reserve.
+func testTierShare(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 5000, Task: 5000})
+	share := int64(3000) // max_site_share 0.3
+	partnerReq := func(p, task string, n int64) Request {
+		return Request{Day: day, Principal: p, PrincipalLimit: 5000, Tier: partner, TierLimit: share, Task: task, PromptTokens: n}
+	}
+	f.reserve(t, partnerReq(keyA, "t_a1", 2000))
+	r := f.reserve(t, partnerReq(keyB, "t_b1", 1000))
+	var ex *ExhaustedError
+	for _, p := range []string{keyA, keyB} {
+		if _, err := f.b.Reserve(f.ctx, partnerReq(p, "t_"+p, 1)); !errors.As(err, &ex) || ex.Scope != ScopeTier || ex.Remaining != 0 {
+			t.Fatalf("%s past the tier share = %v; want tier exhausted", p, err)
+		}
+		err := f.b.CanAfford(f.ctx, AffordRequest{Day: day, Principal: p, PrincipalLimit: 5000, Tier: partner, TierLimit: share, Tokens: 1})
+		if !errors.As(err, &ex) || ex.Scope != ScopeTier {
+			t.Fatalf("CanAfford of %s = %v; want tier exhausted", p, err)
+		}
+	}
+	// Each partner key is far from its own limit; the public lane is untouched.
+	if err := f.b.CanAfford(f.ctx, AffordRequest{Day: day, Principal: visA, Tier: "public", Tokens: 5000}); err != nil {
+		t.Fatalf("public CanAfford = %v", err)
+	}
+	f.reserve(t, Request{Day: day, Principal: visA, Tier: "public", Task: "t_pub", PromptTokens: 5000})
+	f.check(t, UsageQuery{Principal: keyB, Tier: partner, Task: "t_b1"},
+		state{site: su{0, 8000, 0}, tier: su{0, 3000, 0}, principal: su{0, 1000, 0}, task: su{0, 1000, 0}, n: 3})
+	// Settling gives the unused share back to the tier.
+	f.settle(t, r, 400, 0)
+	f.reserve(t, partnerReq(keyA, "t_a2", 600))
+}
+
 func testKeys(t *testing.T, rdb *redis.Client) {
 	f := newFixture(t, rdb, Limits{})
-	r := f.reserve(t, visA, taskOne, 250)
+	r := f.reserve(t, Request{Day: day, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskOne, Model: "cheap", PromptTokens: 200, MaxTokens: 50})
 	p := "faregate:budget:{2026-08-31}:"
-	want := []string{p + "ip:" + visA, p + "res", p + "resinfo", p + "site", p + "task:" + taskOne}
-	got, err := rdb.Keys(f.ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
+	keysNow := func() []string {
+		got, err := rdb.Keys(f.ctx, "*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(got)
+		return got
 	}
-	sort.Strings(got)
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	want := []string{p + "p:" + keyA, p + "res", p + "resinfo", p + "site", p + "spend", p + "task:" + taskOne, p + "taskres:" + taskOne, p + "tier:" + partner}
+	if got := keysNow(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("keys = %v; want %v", got, want)
 	}
 	for _, k := range want {
@@ -199,39 +370,86 @@ func testKeys(t *testing.T, rdb *redis.Client) {
 			t.Errorf("TTL %s = %v, %v; want 172800s", k, ttl, err)
 		}
 	}
-	for _, k := range []string{p + "site", p + "ip:" + visA, p + "task:" + taskOne} {
-		h, _ := rdb.HGetAll(f.ctx, k).Result()
-		if h["outstanding"] != "250" || len(h) != 1 {
-			t.Errorf("%s = %v; want outstanding 250 only", k, h)
+	// 200 × 0.15 + 50 × 0.6 = 60 micro-units.
+	for k, v := range map[string]string{p + "site": "250", p + "spend": "60", p + "p:" + keyA: "250", p + "tier:" + partner: "250", p + "task:" + taskOne: "250"} {
+		if h := rdb.HGetAll(f.ctx, k).Val(); h["outstanding"] != v || len(h) != 1 {
+			t.Errorf("%s = %v; want outstanding %s only", k, h, v)
 		}
 	}
 	score, _ := rdb.ZScore(f.ctx, p+"res", r.ID).Result()
 	if int64(score) != start.Add(time.Minute).UnixMilli() {
 		t.Errorf("expiry score = %v; want now + TTL = %d", int64(score), start.Add(time.Minute).UnixMilli())
 	}
-	if v, _ := rdb.HGet(f.ctx, p+"resinfo", r.ID).Result(); v != "250|"+visA+"|"+taskOne {
+	if v := rdb.HGet(f.ctx, p+"resinfo", r.ID).Val(); v != "250|60|"+keyA+"|partner|"+taskOne+"|cheap" {
 		t.Errorf("resinfo = %q", v)
 	}
-	if _, err := f.b.Settle(f.ctx, r, 100); err != nil {
-		t.Fatal(err)
+	if m := rdb.SMembers(f.ctx, p+"taskres:"+taskOne).Val(); len(m) != 1 || m[0] != r.ID {
+		t.Errorf("taskres = %v", m)
 	}
-	if n, _ := rdb.Exists(f.ctx, p+"res", p+"resinfo").Result(); n != 0 {
-		t.Errorf("settled reservation left %d bookkeeping keys", n)
+	f.settle(t, r, 100, 20)
+	// The open-reservation bookkeeping is gone; the settled id is remembered.
+	want = []string{p + "done", p + "p:" + keyA, p + "site", p + "spend", p + "task:" + taskOne, p + "tier:" + partner}
+	if got := keysNow(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("keys after settle = %v; want %v", got, want)
+	}
+	if v := rdb.HGet(f.ctx, p+"done", r.ID).Val(); v != "S|120|27|0|0|0|250|60|"+keyA+"|partner|"+taskOne+"|cheap" {
+		t.Errorf("done = %q", v)
+	}
+	if ttl := rdb.TTL(f.ctx, p+"done").Val(); ttl <= 172790*time.Second {
+		t.Errorf("TTL done = %v", ttl)
 	}
 }
 
-func testDoubleSettle(t *testing.T, rdb *redis.Client) {
+// testReserveIdempotent: the same reservation id sent twice holds once.
+func testReserveIdempotent(t *testing.T, rdb *redis.Client) {
 	f := newFixture(t, rdb, Limits{})
-	r := f.reserve(t, visA, taskOne, 500)
-	if got, err := f.b.Settle(f.ctx, r, 200); got != 200 || err != nil {
-		t.Fatalf("first settle = %d, %v", got, err)
+	req := Request{ID: "r_fixed", Day: day, Principal: keyA, Task: taskOne, Model: "dear", PromptTokens: 100, MaxTokens: 100}
+	first := f.reserve(t, req)
+	again := f.reserve(t, req)
+	if first.ID != "r_fixed" || !reflect.DeepEqual(first, again) {
+		t.Fatalf("re-sent reserve = %+v; first %+v", again, first)
 	}
-	got, err := f.b.Settle(f.ctx, r, 200)
-	if !errors.Is(err, ErrUnknownReservation) || got != 0 {
-		t.Fatalf("second settle = %d, %v; want 0, ErrUnknownReservation", got, err)
+	held := su{0, 200, 0}
+	f.check(t, UsageQuery{Principal: keyA, Task: taskOne}, state{site: held, spend: su{0, 1250, 0}, principal: held, task: held, n: 1})
+	// The same id for a different reservation is a caller's bug, not a repeat.
+	other := req
+	other.MaxTokens = 101
+	if _, err := f.b.Reserve(f.ctx, other); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("id reused for another amount = %v; want ErrInvalid", err)
 	}
-	done := ScopeUsage{Settled: 200}
-	f.usage(t, visA, taskOne, done, done, done, 0)
+	f.settle(t, first, 100, 50)
+	if _, err := f.b.Reserve(f.ctx, req); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("reserve of a settled id = %v; want ErrInvalid", err)
+	}
+	f.check(t, UsageQuery{Principal: keyA, Task: taskOne}, state{site: su{150, 0, 0}, spend: su{750, 0, 0}, principal: su{150, 0, 0}, task: su{150, 0, 0}})
+	// Generated ids are 128 random bits and distinct.
+	a, b := f.reserve(t, tok(keyA, taskTwo, 1)), f.reserve(t, tok(keyA, taskTwo, 1))
+	if a.ID == b.ID || len(a.ID) != 27 {
+		t.Fatalf("generated ids %q %q", a.ID, b.ID)
+	}
+}
+
+// testSettleIdempotent: a settle sent twice charges once and answers the
+// first settlement again, whatever the second one says.
+func testSettleIdempotent(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 10000})
+	r := f.reserve(t, Request{Day: day, Principal: visA, Task: taskOne, Model: "cheap", PromptTokens: 400, MaxTokens: 100})
+	first := f.settle(t, r, 300, 400) // 300 over the 500 held
+	for _, actual := range [][2]int64{{300, 400}, {0, 0}, {9000, 9000}} {
+		again := f.settle(t, r, actual[0], actual[1])
+		if !reflect.DeepEqual(again, first) {
+			t.Fatalf("repeat settle %v = %+v; want the first %+v", actual, again, first)
+		}
+	}
+	done := su{700, 0, 200}
+	f.check(t, UsageQuery{Principal: visA, Task: taskOne}, state{site: done, spend: su{285, 0, 165}, principal: done, task: done})
+	// An id never reserved charges nothing.
+	ghost := r
+	ghost.ID = "r_ghost"
+	if _, err := f.b.Settle(f.ctx, ghost, 10, 10); !errors.Is(err, ErrUnknownReservation) {
+		t.Fatalf("settle of an unknown id = %v; want ErrUnknownReservation", err)
+	}
+	f.check(t, UsageQuery{Principal: visA, Task: taskOne}, state{site: done, spend: su{285, 0, 165}, principal: done, task: done})
 }
 
 func testAltered(t *testing.T, rdb *redis.Client) {
@@ -239,77 +457,146 @@ func testAltered(t *testing.T, rdb *redis.Client) {
 		name  string
 		alter func(*Reservation)
 	}{
-		{"larger amount", func(r *Reservation) { r.Amount = 5000 }},
+		{"larger amount", func(r *Reservation) { r.Tokens = 5000 }},
+		{"lower cost", func(r *Reservation) { r.CostMicro = 1 }},
+		{"cheaper model", func(r *Reservation) { r.Model = "cheap" }},
 		{"other task", func(r *Reservation) { r.Task = taskTwo }},
-		{"other visitor", func(r *Reservation) { r.Visitor = visB }},
+		{"other principal", func(r *Reservation) { r.Principal = visB }},
+		{"other tier", func(r *Reservation) { r.Tier = "other" }},
+		{"no tier", func(r *Reservation) { r.Tier = "" }},
 		{"unknown id", func(r *Reservation) { r.ID = "rnope" }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, rdb, Limits{})
-			r := f.reserve(t, visA, taskOne, 500)
+			r := f.reserve(t, Request{Day: day, Principal: visA, Tier: partner, Task: taskOne, Model: "dear", PromptTokens: 400, MaxTokens: 100})
 			bad := r
 			c.alter(&bad)
-			if _, err := f.b.Settle(f.ctx, bad, 100); !errors.Is(err, ErrUnknownReservation) {
+			if _, err := f.b.Settle(f.ctx, bad, 100, 0); !errors.Is(err, ErrUnknownReservation) {
 				t.Fatalf("settle altered = %v; want ErrUnknownReservation", err)
 			}
-			held := ScopeUsage{Outstanding: 500}
-			f.usage(t, visA, taskOne, held, held, held, 1)
+			held := su{0, 500, 0}
+			f.check(t, UsageQuery{Principal: visA, Tier: partner, Task: taskOne},
+				state{site: held, spend: su{0, 2000, 0}, tier: held, principal: held, task: held, n: 1})
 		})
 	}
 }
 
+// testExpiry: an expired reservation comes back once; its late settle is
+// charged in full as overage.
 func testExpiry(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 1000, Visitor: 1000, Task: 1000})
-	r := f.reserve(t, visA, taskOne, 1000)
-	if _, err := f.b.Reserve(f.ctx, Request{day, visA, taskOne, 1}); !errors.Is(err, ErrExhausted) {
+	f := newFixture(t, rdb, Limits{Site: 1000, Principal: 1000, Task: 1000})
+	r := f.reserve(t, tok(visA, taskOne, 1000))
+	if _, err := f.b.Reserve(f.ctx, tok(visA, taskOne, 1)); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("reserve over a full budget = %v", err)
 	}
+	q := UsageQuery{Principal: visA, Task: taskOne}
 	// Exactly at the expiry instant the reservation is due.
 	f.clk.Advance(time.Minute - time.Millisecond)
-	held := ScopeUsage{Outstanding: 1000}
-	f.usage(t, visA, taskOne, held, held, held, 1)
+	held := su{0, 1000, 0}
+	f.check(t, q, state{site: held, principal: held, task: held, n: 1})
 	f.clk.Advance(time.Millisecond)
-	f.usage(t, visA, taskOne, ScopeUsage{}, ScopeUsage{}, ScopeUsage{}, 0)
-	if _, err := f.b.Settle(f.ctx, r, 10); !errors.Is(err, ErrUnknownReservation) {
-		t.Fatalf("settle after expiry = %v; want ErrUnknownReservation", err)
+	f.check(t, q, state{})
+	s := f.settle(t, r, 10, 0)
+	if !s.Late || s.Tokens != 10 || s.OverageTokens != 10 {
+		t.Fatalf("settle after expiry = %+v; want 10 charged late, all overage", s)
 	}
-	// The capacity is back, once: the whole budget can be reserved again.
-	f.reserve(t, visA, taskOne, 1000)
-	f.usage(t, visA, taskOne, held, held, held, 1)
+	if again := f.settle(t, r, 10, 0); !reflect.DeepEqual(again, s) {
+		t.Fatalf("repeat of the late settle = %+v; want %+v", again, s)
+	}
+	late := su{10, 0, 10}
+	f.check(t, q, state{site: late, principal: late, task: late})
+	// The capacity came back once: all but the late 10 can be reserved again.
+	f.reserve(t, tok(visA, taskTwo, 990))
+	if _, err := f.b.Reserve(f.ctx, tok(visB, "t_x", 1)); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("reserve past the limit after expiry = %v", err)
+	}
+	if v := testutil.ToFloat64(f.b.m.overageTokens.WithLabelValues(causeLate)); v != 20 {
+		t.Fatalf("late overage metric = %v; want 20 (two answers counted)", v)
+	}
+}
+
+// testReleaseTask: the reaper of a lapsed lease gives back a task's open
+// reservations at once in every scope; a settle that arrives later is
+// charged in full as overage, once.
+func testReleaseTask(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{SpendMicro: 1000000})
+	lost := func(n int64) Request {
+		return Request{Day: day, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskOne, Model: "dear", PromptTokens: n, MaxTokens: 100}
+	}
+	r1 := f.reserve(t, lost(100))
+	r2 := f.reserve(t, lost(300))
+	kept := f.reserve(t, Request{Day: day, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskTwo, Model: "cheap", PromptTokens: 50})
+	q := UsageQuery{Principal: keyA, Tier: partner, Task: taskOne}
+	// 200 + 400 tokens costing 1250 + 1750 micro-units, and the kept 50 (8).
+	f.check(t, q, state{site: su{0, 650, 0}, spend: su{0, 3008, 0}, tier: su{0, 650, 0}, principal: su{0, 650, 0}, task: su{0, 600, 0}, n: 3})
+
+	n, err := f.b.ReleaseTask(f.ctx, day, taskOne)
+	if err != nil || n != 2 {
+		t.Fatalf("ReleaseTask = %d, %v; want 2", n, err)
+	}
+	f.check(t, q, state{site: su{0, 50, 0}, spend: su{0, 8, 0}, tier: su{0, 50, 0}, principal: su{0, 50, 0}, n: 1})
+	if n, err := f.b.ReleaseTask(f.ctx, day, taskOne); n != 0 || err != nil {
+		t.Fatalf("second ReleaseTask = %d, %v; want 0", n, err)
+	}
+
+	// The dead replica's settle arrives after all: everything is overage.
+	s := f.settle(t, r1, 100, 40) // 250 + 400 micro-units
+	want := Settlement{Tokens: 140, CostMicro: 650, OverageTokens: 140, OverageCostMicro: 650, Late: true}
+	if !reflect.DeepEqual(s, want) {
+		t.Fatalf("late settle = %+v; want %+v", s, want)
+	}
+	if again := f.settle(t, r1, 100, 40); !reflect.DeepEqual(again, want) {
+		t.Fatalf("repeat of the late settle = %+v", again)
+	}
+	late := su{140, 0, 140}
+	f.check(t, q, state{site: su{140, 50, 140}, spend: su{650, 8, 650}, tier: su{140, 50, 140}, principal: su{140, 50, 140}, task: late, n: 1})
+	// A re-sent reserve of a released reservation answers its first success
+	// and holds nothing again.
+	if again, err := f.b.Reserve(f.ctx, Request{ID: r2.ID, Day: day, Principal: keyA, Tier: partner, TierLimit: 100000,
+		Task: taskOne, Model: "dear", PromptTokens: 300, MaxTokens: 100}); err != nil || again.ID != r2.ID {
+		t.Fatalf("re-sent reserve of a released id = %+v, %v", again, err)
+	}
+	f.check(t, q, state{site: su{140, 50, 140}, spend: su{650, 8, 650}, tier: su{140, 50, 140}, principal: su{140, 50, 140}, task: late, n: 1})
+	// The other task's reservation settles normally.
+	if s := f.settle(t, kept, 50, 0); s.Late || s.OverageTokens != 0 {
+		t.Fatalf("settle of the kept reservation = %+v", s)
+	}
 }
 
 func testConcurrentReapers(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 100000, Visitor: 100000, Task: 100000})
-	// 40 reservations over 4 visitors and 8 tasks that will expire together.
-	vis := []string{visA, visB, "cc", "dd"}
+	f := newFixture(t, rdb, Limits{Site: 100000, Principal: 100000, Task: 100000})
+	// 40 reservations over 4 principals and 8 tasks that will expire together.
+	ps := []string{visA, visB, keyA, keyB}
 	var want int64
 	for i := range 40 {
-		f.reserve(t, vis[i%4], fmt.Sprintf("t_%d", i%8), int64(100+i))
+		f.reserve(t, Request{Day: day, Principal: ps[i%4], Tier: []string{"", partner}[i%2], Task: fmt.Sprintf("t_%d", i%8), PromptTokens: int64(100 + i)})
 		want += int64(100 + i)
 	}
 	f.clk.Advance(30 * time.Second)
 	// A later reservation that must survive the reaping, and a settled one
 	// whose charge the reapers must leave alone.
-	f.reserve(t, visA, "t_kept", 777)
-	r := f.reserve(t, visA, "t_settled", 500)
-	if _, err := f.b.Settle(f.ctx, r, 200); err != nil {
-		t.Fatal(err)
-	}
-	f.usage(t, "", "", ScopeUsage{Settled: 200, Outstanding: want + 777}, ScopeUsage{}, ScopeUsage{}, 41)
+	f.reserve(t, tok(visA, "t_kept", 777))
+	r := f.reserve(t, tok(visA, "t_settled", 500))
+	f.settle(t, r, 200, 0)
+	f.check(t, UsageQuery{}, state{site: su{200, want + 777, 0}, n: 41})
 	f.clk.Advance(31 * time.Second) // past the 40, not past "t_kept"
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
+	b2 := f.another()
 	for i := range 64 {
 		wg.Go(func() {
+			b := []*Budget{f.b, b2}[i%2]
 			var err error
-			switch i % 3 {
+			switch i % 4 {
 			case 0:
-				_, _, _, _, err = f.b.Usage(f.ctx, day, vis[i%4], "t_x")
+				_, err = b.Usage(f.ctx, UsageQuery{Day: day, Principal: ps[i%4], Task: "t_x"})
 			case 1:
-				err = f.b.CanAfford(f.ctx, day, vis[i%4], 1)
+				err = b.CanAfford(f.ctx, AffordRequest{Day: day, Principal: ps[i%4], Tokens: 1})
+			case 2:
+				_, err = b.ReleaseTask(f.ctx, day, "t_none")
 			default:
-				_, err = f.b.Settle(f.ctx, Reservation{ID: "rnone", Day: day, Visitor: visA, Task: taskOne, Amount: 1}, 1)
+				_, err = b.Settle(f.ctx, Reservation{ID: "rnone", Day: day, Principal: visA, Task: taskOne, Tokens: 1}, 1, 0)
 				if errors.Is(err, ErrUnknownReservation) {
 					err = nil
 				}
@@ -325,50 +612,68 @@ func testConcurrentReapers(t *testing.T, rdb *redis.Client) {
 		}
 	}
 	// Each expired amount came back exactly once: no scope went negative.
-	f.usage(t, visA, "t_kept", ScopeUsage{Settled: 200, Outstanding: 777},
-		ScopeUsage{Settled: 200, Outstanding: 777}, ScopeUsage{Outstanding: 777}, 1)
-	for _, v := range vis[1:] {
-		f.usage(t, v, "t_1", ScopeUsage{Settled: 200, Outstanding: 777}, ScopeUsage{}, ScopeUsage{}, 1)
+	f.check(t, UsageQuery{Principal: visA, Task: "t_kept"},
+		state{site: su{200, 777, 0}, principal: su{200, 777, 0}, task: su{0, 777, 0}, n: 1})
+	for _, p := range ps[1:] {
+		f.check(t, UsageQuery{Principal: p, Tier: partner, Task: "t_1"}, state{site: su{200, 777, 0}, n: 1})
 	}
 	for i := range 8 {
-		f.usage(t, visB, fmt.Sprintf("t_%d", i), ScopeUsage{Settled: 200, Outstanding: 777}, ScopeUsage{}, ScopeUsage{}, 1)
+		f.check(t, UsageQuery{Principal: visB, Task: fmt.Sprintf("t_%d", i)}, state{site: su{200, 777, 0}, n: 1})
+		if n := rdb.SCard(f.ctx, "faregate:budget:{"+day+"}:taskres:"+fmt.Sprintf("t_%d", i)).Val(); n != 0 {
+			t.Fatalf("taskres of t_%d still holds %d ids", i, n)
+		}
+	}
+	var ended int
+	for _, id := range rdb.HKeys(f.ctx, "faregate:budget:{"+day+"}:done").Val() {
+		if !strings.HasPrefix(id, "op:") { // ReleaseTask's own records
+			ended++
+		}
+	}
+	if ended != 41 {
+		t.Fatalf("done records %d reservations; want 40 given back + 1 settled", ended)
 	}
 }
 
 func testCanAfford(t *testing.T, rdb *redis.Client) {
-	l := Limits{Site: 1000, Visitor: 500, Task: 100}
-	// fill spends n×100 tokens of a visitor, one task per 100 (task ids
-	// are unique across visitors, as the real ones are).
-	fill := func(vis string, n int) []Request {
+	l := Limits{Site: 1000, Principal: 500, Task: 100, SpendMicro: 5000}
+	// fill spends n×100 tokens of a principal, one task per 100 (task ids
+	// are unique across principals, as the real ones are).
+	fill := func(p string, n int) []Request {
 		var out []Request
 		for i := range n {
-			out = append(out, Request{day, vis, fmt.Sprintf("t_%s_%d", vis, i), 100})
+			out = append(out, tok(p, fmt.Sprintf("t_%s_%d", p, i), 100))
 		}
 		return out
 	}
+	spent := Request{Day: day, Principal: keyB, Task: "t_money", Model: "gold", PromptTokens: 100} // 5000 micro
 	cases := []struct {
 		name      string
 		before    []Request
-		vis       string
-		amount    int64
+		ask       AffordRequest
 		scope     Scope // "" means affordable
 		remaining int64
 	}{
-		{"empty day", nil, visA, 500, "", 0},
-		{"task limit does not matter", fill(visA, 1), visA, 400, "", 0},
-		{"visitor short", fill(visA, 1), visA, 401, ScopeVisitor, 400},
-		{"site short", append(append(fill(visA, 2), fill(visB, 2)...), fill("cc", 2)...), "dd", 401, ScopeSite, 400},
-		{"visitor named first", append(fill(visA, 5), fill(visB, 5)...), visA, 1, ScopeVisitor, 0},
-		{"site short, visitor fine", append(fill(visA, 5), fill(visB, 5)...), "cc", 1, ScopeSite, 0},
+		{"empty day", nil, AffordRequest{Principal: visA, Tokens: 500, CostMicro: 5000}, "", 0},
+		{"task limit does not matter", fill(visA, 1), AffordRequest{Principal: visA, Tokens: 400}, "", 0},
+		{"principal short", fill(visA, 1), AffordRequest{Principal: visA, Tokens: 401}, ScopePrincipal, 400},
+		{"principal's own limit", fill(keyA, 1), AffordRequest{Principal: keyA, PrincipalLimit: 150, Tokens: 51}, ScopePrincipal, 50},
+		{"tier short", fill(keyA, 1), AffordRequest{Principal: keyB, Tier: partner, TierLimit: 50, Tokens: 51}, ScopeTier, 50},
+		{"site short", append(append(fill(visA, 2), fill(visB, 2)...), fill(keyA, 2)...), AffordRequest{Principal: keyB, Tokens: 401}, ScopeSite, 400},
+		{"principal named first", append(fill(visA, 5), fill(visB, 5)...), AffordRequest{Principal: visA, Tokens: 1}, ScopePrincipal, 0},
+		{"site short, principal fine", append(fill(visA, 5), fill(visB, 5)...), AffordRequest{Principal: keyA, Tokens: 1}, ScopeSite, 0},
+		{"spend short", []Request{spent}, AffordRequest{Principal: visA, Tokens: 1, CostMicro: 1}, ScopeSpend, 0},
+		{"spend not asked for", []Request{spent}, AffordRequest{Principal: visA, Tokens: 1}, "", 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, rdb, l)
 			for _, r := range c.before {
-				f.reserve(t, r.Visitor, r.Task, r.Amount)
+				f.reserve(t, r)
 			}
-			s0, v0, _, n0, _ := f.b.Usage(f.ctx, day, c.vis, "")
-			err := f.b.CanAfford(f.ctx, day, c.vis, c.amount)
+			c.ask.Day = day
+			q := UsageQuery{Day: day, Principal: c.ask.Principal, Tier: c.ask.Tier}
+			before, _ := f.b.Usage(f.ctx, q)
+			err := f.b.CanAfford(f.ctx, c.ask)
 			if c.scope == "" {
 				if err != nil {
 					t.Fatalf("can afford = %v; want nil", err)
@@ -379,42 +684,171 @@ func testCanAfford(t *testing.T, rdb *redis.Client) {
 					t.Fatalf("can afford = %v; want %s with %d left", err, c.scope, c.remaining)
 				}
 			}
-			s1, v1, _, n1, _ := f.b.Usage(f.ctx, day, c.vis, "")
-			if s0 != s1 || v0 != v1 || n0 != n1 {
+			if after, _ := f.b.Usage(f.ctx, q); after != before {
 				t.Fatal("CanAfford changed usage")
 			}
 		})
 	}
 }
 
+// testWarningOnce: the 80% crossing of each daily scope is reported once,
+// to whichever replica's operation made it, and never again that day.
+func testWarningOnce(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 5000, Task: 10000, SpendMicro: 10000})
+	b1, b2 := f.b, f.another()
+	warned := func(ws []ScopeEvent) string {
+		var s []string
+		for _, w := range ws {
+			s = append(s, fmt.Sprintf("%s/%s %d/%d", w.Scope, w.Name, w.Used, w.Limit))
+		}
+		return fmt.Sprint(s)
+	}
+	steps := []struct {
+		b    *Budget
+		req  Request
+		want string
+	}{
+		{b1, tok(keyA, "t_1", 3000), "[]"},
+		// Site 8000 of 10000 and keyB 5000 of 5000: both cross here.
+		{b2, tok(keyB, "t_2", 5000), "[site/ 8000/10000 principal/" + keyB + " 5000/5000]"},
+		// keyA reaches 4000 of 5000 = 80%: its own crossing; the site's is spent.
+		{b1, tok(keyA, "t_3", 1000), "[principal/" + keyA + " 4000/5000]"},
+	}
+	for i, s := range steps {
+		r, err := s.b.Reserve(f.ctx, s.req)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if w := warned(r.Warnings); w != s.want {
+			t.Fatalf("step %d warnings = %s; want %s", i, w, s.want)
+		}
+	}
+	// A settle that crosses by overage reports it too: spend 7250 held of
+	// 10000 (72.5%: 100 × 2.5 + 700 × 10), settled at 8250.
+	big := Request{Day: day, Principal: visA, Task: "t_4", Model: "dear", PromptTokens: 100, MaxTokens: 700}
+	r, err := b2.Reserve(f.ctx, big)
+	if err != nil || warned(r.Warnings) != "[]" {
+		t.Fatalf("spend to 72.5%%: %v %s", err, warned(r.Warnings))
+	}
+	s, err := b1.Settle(f.ctx, r, 100, 800) // 250 + 8000
+	if err != nil || warned(s.Warnings) != "[spend/ 8250/10000]" || s.OverageCostMicro != 1000 {
+		t.Fatalf("settle past 80%% of spend = %+v, %v", s, err)
+	}
+	// Nothing crosses again, whichever replica asks.
+	for _, b := range []*Budget{b1, b2} {
+		r, err := b.Reserve(f.ctx, Request{Day: day, Principal: visB, Task: "t_6", Model: "cheap", PromptTokens: 1})
+		if err != nil || len(r.Warnings) != 0 {
+			t.Fatalf("later reserve: %+v, %v", r.Warnings, err)
+		}
+	}
+	// The next UTC day starts afresh.
+	r, err = b1.Reserve(f.ctx, Request{Day: "2026-09-01", Principal: keyB, Task: "t_7", Model: "free", PromptTokens: 4500})
+	if err != nil || warned(r.Warnings) != "[principal/"+keyB+" 4500/5000]" {
+		t.Fatalf("next day: %+v, %v", r.Warnings, err)
+	}
+}
+
+// testWarningConcurrent: many reservations from two replicas race past
+// 80%; exactly one of them reports the site's crossing.
+func testWarningConcurrent(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 10000, Task: 10000})
+	bs := []*Budget{f.b, f.another()}
+	var warnings, granted atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 20 {
+		wg.Go(func() {
+			for i := range 10 {
+				r, err := bs[w%2].Reserve(f.ctx, tok(fmt.Sprintf("v_%d", w), fmt.Sprintf("t_%d_%d", w, i), 50))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				granted.Add(1)
+				for _, e := range r.Warnings {
+					if e.Scope == ScopeSite {
+						warnings.Add(1)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if granted.Load() != 200 || warnings.Load() != 1 {
+		t.Fatalf("%d granted, %d site warnings; want 200 and exactly 1", granted.Load(), warnings.Load())
+	}
+}
+
+// testExhaustedFirst: the first refusal of a daily scope is marked once
+// across replicas; the task scope never is.
+func testExhaustedFirst(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 100, Principal: 100, Task: 50})
+	f.reserve(t, tok(visA, taskOne, 50))
+	f.reserve(t, tok(visB, taskTwo, 50))
+	var ex *ExhaustedError
+	firsts := []bool{}
+	for _, b := range []*Budget{f.b, f.another(), f.b} {
+		_, err := b.Reserve(f.ctx, tok(keyA, "t_new", 1))
+		if !errors.As(err, &ex) || ex.Scope != ScopeSite {
+			t.Fatalf("reserve = %v; want site exhausted", err)
+		}
+		firsts = append(firsts, ex.First)
+	}
+	err := f.another().CanAfford(f.ctx, AffordRequest{Day: day, Principal: keyB, Tokens: 1})
+	if !errors.As(err, &ex) || ex.First {
+		t.Fatalf("CanAfford after the first refusal = %v, first %v", err, ex.First)
+	}
+	if fmt.Sprint(firsts) != "[true false false]" {
+		t.Fatalf("First over three refusals = %v; want only the first", firsts)
+	}
+	for range 2 {
+		if _, err := f.b.Reserve(f.ctx, tok(visA, taskOne, 1)); !errors.As(err, &ex) || ex.Scope != ScopeTask || ex.First || ex.RetryAfter() != 0 {
+			t.Fatalf("task refusal = %v (first %v, retry %v); want task, not first, no retry", err, ex.First, ex.RetryAfter())
+		}
+	}
+}
+
 func testMetrics(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000})
-	r := f.reserve(t, visA, taskOne, 3000)
-	f.reserve(t, visB, taskTwo, 1000)
+	f := newFixture(t, rdb, Limits{Site: 10000, SpendMicro: 100000})
+	r := f.reserve(t, Request{Day: day, Principal: visA, Task: taskOne, Model: "dear", PromptTokens: 2000, MaxTokens: 1000}) // 15000 micro
+	f.reserve(t, tok(visB, taskTwo, 1000))
 	if got := testutil.ToFloat64(f.b.m.siteRemaining); got != 6000 {
 		t.Errorf("site remaining = %v; want 6000", got)
+	}
+	if got := testutil.ToFloat64(f.b.m.spendRemaining); got != 85000 {
+		t.Errorf("spend remaining = %v; want 85000", got)
 	}
 	if got := testutil.ToFloat64(f.b.m.outstanding); got != 2 {
 		t.Errorf("outstanding reservations = %v; want 2", got)
 	}
-	if _, err := f.b.Settle(f.ctx, r, 1000); err != nil {
-		t.Fatal(err)
+	f.settle(t, r, 2000, 1500) // 5000 + 15000: 500 tokens and 5000 micro over
+	if got := testutil.ToFloat64(f.b.m.siteRemaining); got != 5500 {
+		t.Errorf("site remaining after settle = %v; want 5500", got)
 	}
-	if got := testutil.ToFloat64(f.b.m.siteRemaining); got != 8000 {
-		t.Errorf("site remaining after settle = %v; want 8000", got)
+	if got := testutil.ToFloat64(f.b.m.spendRemaining); got != 80000 {
+		t.Errorf("spend remaining after settle = %v; want 80000", got)
+	}
+	if a, b := testutil.ToFloat64(f.b.m.overageTokens.WithLabelValues(causeExcess)), testutil.ToFloat64(f.b.m.overageSpend.WithLabelValues(causeExcess)); a != 500 || b != 5000 {
+		t.Errorf("overage = %v tokens, %v micro; want 500, 5000", a, b)
 	}
 	// A second Budget on the same registry shares the series instead of panicking.
-	b2 := New(rdb, Options{Limits: Limits{Site: 10000}, Now: f.clk.Now, Registerer: f.reg})
-	if _, err := b2.Reserve(f.ctx, Request{day, visA, "t_b2", 500}); err != nil {
+	b2 := New(rdb, Options{Limits: Limits{Site: 10000, SpendMicro: 100000}, Prices: testPrices, Now: f.clk.Now, Registerer: f.reg})
+	if _, err := b2.Reserve(f.ctx, tok(visA, "t_b2", 500)); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(f.b.m.siteRemaining); got != 7500 {
-		t.Errorf("shared site remaining = %v; want 7500", got)
+	if got := testutil.ToFloat64(f.b.m.siteRemaining); got != 5000 {
+		t.Errorf("shared site remaining = %v; want 5000", got)
 	}
-	n, err := testutil.GatherAndCount(f.reg, "faregate_budget_site_remaining_tokens",
-		"faregate_budget_outstanding_reservations", "faregate_budget_refusals_total")
-	if err != nil || n != 5 {
-		t.Errorf("gathered %d series, %v; want 5 (2 gauges + 3 refusal scopes)", n, err)
+	n, err := testutil.GatherAndCount(f.reg, "faregate_budget_site_remaining_tokens", "faregate_budget_spend_remaining_micro",
+		"faregate_budget_outstanding_reservations", "faregate_budget_refusals_total",
+		"faregate_budget_overage_tokens_total", "faregate_budget_overage_spend_micro_total")
+	if err != nil || n != 12 {
+		t.Errorf("gathered %d series, %v; want 12 (3 gauges + 5 refusal scopes + 2×2 overage causes)", n, err)
+	}
+	// Without a spend limit there is no spend gauge.
+	reg := prometheus.NewRegistry()
+	New(rdb, Options{Registerer: reg})
+	if n, _ := testutil.GatherAndCount(reg, "faregate_budget_spend_remaining_micro"); n != 0 {
+		t.Errorf("spend gauge registered without a spend limit")
 	}
 }
 
@@ -423,21 +857,22 @@ func testMetrics(t *testing.T, rdb *redis.Client) {
 func TestUnavailable(t *testing.T) {
 	b := New(deadClient(t), Options{})
 	ctx := context.Background()
-	r := Reservation{ID: "rx", Day: day, Visitor: visA, Task: taskOne, Amount: 10}
+	r := Reservation{ID: "rx", Day: day, Principal: visA, Task: taskOne, Tokens: 10}
 	cases := []struct {
 		name string
 		call func() error
 	}{
 		{"reserve", func() error {
-			got, err := b.Reserve(ctx, Request{day, visA, taskOne, 10})
-			if got != (Reservation{}) {
+			got, err := b.Reserve(ctx, tok(visA, taskOne, 10))
+			if got.ID != "" {
 				return fmt.Errorf("reserve handed out %+v", got)
 			}
 			return err
 		}},
-		{"settle", func() error { _, err := b.Settle(ctx, r, 5); return err }},
-		{"can afford", func() error { return b.CanAfford(ctx, day, visA, 10) }},
-		{"usage", func() error { _, _, _, _, err := b.Usage(ctx, day, visA, taskOne); return err }},
+		{"settle", func() error { _, err := b.Settle(ctx, r, 5, 0); return err }},
+		{"release", func() error { _, err := b.ReleaseTask(ctx, day, taskOne); return err }},
+		{"can afford", func() error { return b.CanAfford(ctx, AffordRequest{Day: day, Principal: visA, Tokens: 10}) }},
+		{"usage", func() error { _, err := b.Usage(ctx, UsageQuery{Day: day, Principal: visA, Task: taskOne}); return err }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -467,25 +902,41 @@ func deadClient(t *testing.T) *redis.Client {
 func TestInvalid(t *testing.T) {
 	b := New(redistest.Mini(t).Client, Options{})
 	ctx := context.Background()
-	good := Reservation{ID: "rx", Day: day, Visitor: visA, Task: taskOne, Amount: 10}
+	good := Reservation{ID: "rx", Day: day, Principal: visA, Task: taskOne, Tokens: 10}
+	reserve := func(mod func(*Request)) func() error {
+		return func() error {
+			r := tok(visA, taskOne, 5)
+			mod(&r)
+			_, err := b.Reserve(ctx, r)
+			return err
+		}
+	}
 	cases := []struct {
 		name string
 		call func() error
 	}{
-		{"zero amount", func() error { _, err := b.Reserve(ctx, Request{day, visA, taskOne, 0}); return err }},
-		{"negative amount", func() error { _, err := b.Reserve(ctx, Request{day, visA, taskOne, -5}); return err }},
-		{"empty day", func() error { _, err := b.Reserve(ctx, Request{"", visA, taskOne, 5}); return err }},
-		{"bad day", func() error { _, err := b.Reserve(ctx, Request{"2026-02-30", visA, taskOne, 5}); return err }},
-		{"empty visitor", func() error { _, err := b.Reserve(ctx, Request{day, "", taskOne, 5}); return err }},
-		{"separator in task", func() error { _, err := b.Reserve(ctx, Request{day, visA, "t|x", 5}); return err }},
+		{"zero amount", reserve(func(r *Request) { r.PromptTokens = 0 })},
+		{"negative prompt", reserve(func(r *Request) { r.PromptTokens, r.MaxTokens = -5, 10 })},
+		{"negative max", reserve(func(r *Request) { r.MaxTokens = -1 })},
+		{"empty day", reserve(func(r *Request) { r.Day = "" })},
+		{"bad day", reserve(func(r *Request) { r.Day = "2026-02-30" })},
+		{"empty principal", reserve(func(r *Request) { r.Principal = "" })},
+		{"separator in task", reserve(func(r *Request) { r.Task = "t|x" })},
+		{"colon in tier", reserve(func(r *Request) { r.Tier = "a:b" })},
+		{"bad reservation id", reserve(func(r *Request) { r.ID = "r|1" })},
+		{"huge model name", reserve(func(r *Request) { r.Model = string(make([]byte, 257)) })},
 		// Dots and colons are refused, so a raw IPv4 or IPv6 address can
 		// never become part of a key by mistake.
-		{"raw IPv4 as visitor", func() error { _, err := b.Reserve(ctx, Request{day, "203.0.113.7", taskOne, 5}); return err }},
-		{"raw IPv6 as visitor", func() error { return b.CanAfford(ctx, day, "2001:db8::1", 5) }},
-		{"colon in visitor", func() error { _, err := b.Reserve(ctx, Request{day, "a:site", taskOne, 5}); return err }},
-		{"negative actual", func() error { _, err := b.Settle(ctx, good, -1); return err }},
-		{"can afford zero", func() error { return b.CanAfford(ctx, day, visA, 0) }},
-		{"usage bad task", func() error { _, _, _, _, err := b.Usage(ctx, day, visA, "a b"); return err }},
+		{"raw IPv4 as principal", reserve(func(r *Request) { r.Principal = "203.0.113.7" })},
+		{"raw IPv6 as principal", func() error {
+			return b.CanAfford(ctx, AffordRequest{Day: day, Principal: "2001:db8::1", Tokens: 5})
+		}},
+		{"colon in principal", reserve(func(r *Request) { r.Principal = "a:site" })},
+		{"negative actual", func() error { _, err := b.Settle(ctx, good, -1, 0); return err }},
+		{"settle without id", func() error { g := good; g.ID = ""; _, err := b.Settle(ctx, g, 1, 0); return err }},
+		{"can afford zero", func() error { return b.CanAfford(ctx, AffordRequest{Day: day, Principal: visA}) }},
+		{"release bad task", func() error { _, err := b.ReleaseTask(ctx, day, "t x"); return err }},
+		{"usage bad task", func() error { _, err := b.Usage(ctx, UsageQuery{Day: day, Principal: visA, Task: "a b"}); return err }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -498,17 +949,22 @@ func TestInvalid(t *testing.T) {
 
 func TestDay(t *testing.T) {
 	cases := []struct {
-		in   time.Time
-		want string
+		in    time.Time
+		want  string
+		until time.Duration
 	}{
-		{time.Date(2026, 8, 31, 23, 59, 59, 0, time.UTC), "2026-08-31"},
-		{time.Date(2026, 9, 1, 1, 0, 0, 0, time.FixedZone("CEST", 2*3600)), "2026-08-31"},
-		{time.Date(2026, 8, 31, 22, 0, 0, 0, time.FixedZone("PDT", -7*3600)), "2026-09-01"},
+		{time.Date(2026, 8, 31, 23, 59, 59, 0, time.UTC), "2026-08-31", time.Second},
+		{time.Date(2026, 9, 1, 1, 0, 0, 0, time.FixedZone("CEST", 2*3600)), "2026-08-31", time.Hour},
+		{time.Date(2026, 8, 31, 22, 0, 0, 0, time.FixedZone("PDT", -7*3600)), "2026-09-01", 19 * time.Hour},
+		{time.Date(2026, 12, 31, 0, 0, 0, 0, time.UTC), "2026-12-31", 24 * time.Hour},
 	}
 	for _, c := range cases {
 		t.Run(c.in.String(), func(t *testing.T) {
 			if got := Day(c.in); got != c.want {
 				t.Fatalf("Day = %s; want %s", got, c.want)
+			}
+			if got := untilMidnight(c.in); got != c.until {
+				t.Fatalf("untilMidnight = %v; want %v", got, c.until)
 			}
 		})
 	}

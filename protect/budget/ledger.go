@@ -2,11 +2,13 @@ package budget
 
 import (
 	"context"
+	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -34,19 +36,36 @@ const ledgerTTL = 8 * 24 * time.Hour
 const ledgerPage = 1000
 
 // Entry is one model call as the ledger records it. Reserved is what the
-// budget held for the call, so reports can show how far estimates were off.
+// budget held for the call, so reports can show how far estimates were
+// off; the cost and overage fields are what Settle returned.
 type Entry struct {
-	Task, Model                                         string
+	// Principal is the visitor's (v_<hmac>) or API key's (k_<id>) id.
+	Task, Model, Principal, RequestID                   string
 	PromptTokens, CompletionTokens, Reserved, LatencyMS int64
+	CostMicro, OverageTokens, OverageCostMicro          int64
 	Outcome                                             string
+	// Estimated is true when the tokens were counted by faregate because
+	// the provider reported none (a cut stream, a failed call).
+	Estimated bool
 }
 
-// ModelTotal sums one model's entries of a day.
-type ModelTotal struct {
-	Model                                 string
-	Calls, PromptTokens, CompletionTokens int64
-	Reserved                              int64
-	Errors                                int64
+// The groupings Totals offers.
+const (
+	ByModel     = "model"
+	ByPrincipal = "principal"
+)
+
+// Total sums one model's or one principal's entries of a day.
+type Total struct {
+	// Key is the model name or the principal id.
+	Key string
+	// Calls counts entries; Errors those whose outcome was not OutcomeOK;
+	// Estimated those whose tokens were estimated.
+	Calls, Errors, Estimated        int64
+	PromptTokens, CompletionTokens  int64
+	Reserved                        int64
+	CostMicro                       int64
+	OverageTokens, OverageCostMicro int64
 }
 
 // Ledger appends model calls to a Redis Stream per UTC day and sums them.
@@ -65,8 +84,8 @@ func NewLedger(rdb redis.Cmdable, now func() time.Time) *Ledger {
 	}
 	return &Ledger{rdb: rdb, now: now, tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "faregate_llm_tokens_total",
-		Help: "Tokens reported by the model provider, by model and kind (prompt or completion).",
-	}, []string{"model", "kind"})}
+		Help: "Tokens of model calls, by model, kind (prompt or completion) and source (provider: reported by the provider; estimate: counted by faregate).",
+	}, []string{"model", "kind", "source"})}
 }
 
 // Describe implements prometheus.Collector.
@@ -82,9 +101,17 @@ func UsageKey(day string) string { return "faregate:usage:{" + day + "}" }
 // The token counters move even when Redis fails: the tokens were spent
 // whether or not the ledger could note it.
 func (l *Ledger) Append(ctx context.Context, e Entry) error {
-	l.tokens.WithLabelValues(e.Model, "prompt").Add(float64(max(e.PromptTokens, 0)))
-	l.tokens.WithLabelValues(e.Model, "completion").Add(float64(max(e.CompletionTokens, 0)))
+	source := "provider"
+	if e.Estimated {
+		source = "estimate"
+	}
+	l.tokens.WithLabelValues(e.Model, "prompt", source).Add(float64(max(e.PromptTokens, 0)))
+	l.tokens.WithLabelValues(e.Model, "completion", source).Add(float64(max(e.CompletionTokens, 0)))
 	key := UsageKey(Day(l.now()))
+	estimated := 0
+	if e.Estimated {
+		estimated = 1
+	}
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.XAdd(ctx, &redis.XAddArgs{
 			Stream: key,
@@ -93,11 +120,17 @@ func (l *Ledger) Append(ctx context.Context, e Entry) error {
 			Values: []any{
 				"task", e.Task,
 				"model", e.Model,
+				"principal", e.Principal,
+				"request_id", e.RequestID,
 				"prompt_tokens", e.PromptTokens,
 				"completion_tokens", e.CompletionTokens,
 				"reserved", e.Reserved,
+				"cost_micro", e.CostMicro,
+				"overage_tokens", e.OverageTokens,
+				"overage_cost_micro", e.OverageCostMicro,
 				"latency_ms", e.LatencyMS,
 				"outcome", e.Outcome,
+				"estimated", estimated,
 			},
 		})
 		p.Expire(ctx, key, ledgerTTL)
@@ -109,14 +142,18 @@ func (l *Ledger) Append(ctx context.Context, e Entry) error {
 	return nil
 }
 
-// Totals sums the day's stream per model, sorted by model name. It pages
-// through the stream with XRANGE so a full day never arrives as one reply.
-func (l *Ledger) Totals(ctx context.Context, day string) ([]ModelTotal, error) {
+// Totals sums the day's stream by model or by principal (ByModel,
+// ByPrincipal), sorted by key. It pages through the stream with XRANGE so
+// a full day never arrives as one reply.
+func (l *Ledger) Totals(ctx context.Context, day, by string) ([]Total, error) {
 	if err := validDay(day); err != nil {
 		return nil, err
 	}
+	if by != ByModel && by != ByPrincipal {
+		return nil, fmt.Errorf("%w: totals by %q: want %q or %q", ErrInvalid, by, ByModel, ByPrincipal)
+	}
 	key := UsageKey(day)
-	by := map[string]*ModelTotal{}
+	sums := map[string]*Total{}
 	start := "-"
 	for {
 		msgs, err := l.rdb.XRangeN(ctx, key, start, "+", ledgerPage).Result()
@@ -124,7 +161,7 @@ func (l *Ledger) Totals(ctx context.Context, day string) ([]ModelTotal, error) {
 			return nil, fmt.Errorf("%w: ledger read: %w", ErrUnavailable, err)
 		}
 		for _, m := range msgs {
-			if err := add(by, m); err != nil {
+			if err := add(sums, by, m); err != nil {
 				return nil, err
 			}
 		}
@@ -134,71 +171,130 @@ func (l *Ledger) Totals(ctx context.Context, day string) ([]ModelTotal, error) {
 		// "(" makes the next page start after the last id seen (Redis ≥ 6.2).
 		start = "(" + msgs[len(msgs)-1].ID
 	}
-	out := make([]ModelTotal, 0, len(by))
-	for _, t := range by {
+	out := make([]Total, 0, len(sums))
+	for _, t := range sums {
 		out = append(out, *t)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }
 
-// add folds one stream entry into the per-model totals.
-func add(by map[string]*ModelTotal, m redis.XMessage) error {
+// add folds one stream entry into the totals. The token fields every
+// version wrote must be numbers; the fields added later (cost, overage,
+// estimated) read as 0 when absent, so a day written partly by an older
+// faregate still sums, but a present field that is not a number is
+// reported rather than counted as zero.
+func add(sums map[string]*Total, by string, m redis.XMessage) error {
 	str := func(f string) string { s, _ := m.Values[f].(string); return s }
-	num := func(f string) (int64, error) {
-		n, err := strconv.ParseInt(str(f), 10, 64)
+	num := func(f string, required bool) (int64, error) {
+		s, ok := m.Values[f].(string)
+		if !ok && !required {
+			return 0, nil
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("%w: %s field %s", ErrCorruptLedger, m.ID, f)
 		}
 		return n, nil
 	}
-	var vals [3]int64
-	for i, f := range []string{"prompt_tokens", "completion_tokens", "reserved"} {
-		n, err := num(f)
+	fields := []struct {
+		name     string
+		required bool
+	}{
+		{"prompt_tokens", true}, {"completion_tokens", true}, {"reserved", true},
+		{"cost_micro", false}, {"overage_tokens", false}, {"overage_cost_micro", false}, {"estimated", false},
+	}
+	var v [7]int64
+	for i, f := range fields {
+		n, err := num(f.name, f.required)
 		if err != nil {
 			return err
 		}
-		vals[i] = n
+		v[i] = n
 	}
-	model := str("model")
-	t, ok := by[model]
+	key := str(by)
+	t, ok := sums[key]
 	if !ok {
-		t = &ModelTotal{Model: model}
-		by[model] = t
+		t = &Total{Key: key}
+		sums[key] = t
 	}
 	t.Calls++
-	t.PromptTokens += vals[0]
-	t.CompletionTokens += vals[1]
-	t.Reserved += vals[2]
+	t.PromptTokens += v[0]
+	t.CompletionTokens += v[1]
+	t.Reserved += v[2]
+	t.CostMicro += v[3]
+	t.OverageTokens += v[4]
+	t.OverageCostMicro += v[5]
+	if v[6] != 0 {
+		t.Estimated++
+	}
 	if str("outcome") != OutcomeOK {
 		t.Errors++
 	}
 	return nil
 }
 
-// WriteTable prints totals as an aligned table with a total row, or a
-// sentence saying the day had no model calls.
-func WriteTable(w io.Writer, day string, totals []ModelTotal) error {
+// sum adds up totals for the table's last row.
+func sum(totals []Total) Total {
+	var s Total
+	for _, t := range totals {
+		s.Calls += t.Calls
+		s.Errors += t.Errors
+		s.Estimated += t.Estimated
+		s.PromptTokens += t.PromptTokens
+		s.CompletionTokens += t.CompletionTokens
+		s.Reserved += t.Reserved
+		s.CostMicro += t.CostMicro
+		s.OverageTokens += t.OverageTokens
+		s.OverageCostMicro += t.OverageCostMicro
+	}
+	return s
+}
+
+// keyName shows an entry without a principal (written before principals
+// were recorded) as "-" rather than as an empty cell.
+func keyName(k string) string {
+	if k == "" {
+		return "-"
+	}
+	return k
+}
+
+// WriteTable prints totals (grouped by, ByModel or ByPrincipal) as an
+// aligned table with a total row, or a sentence saying the day had no
+// model calls. Money is in currency units with six decimals.
+func WriteTable(w io.Writer, day, by string, totals []Total) error {
 	if len(totals) == 0 {
 		_, err := fmt.Fprintf(w, "no model calls recorded on %s\n", day)
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "MODEL\tCALLS\tERRORS\tPROMPT\tCOMPLETION\tTOTAL\tRESERVED\n")
-	var sum ModelTotal
-	row := func(t ModelTotal) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", t.Model, t.Calls, t.Errors,
-			t.PromptTokens, t.CompletionTokens, t.PromptTokens+t.CompletionTokens, t.Reserved)
+	fmt.Fprintf(tw, "%s\tCALLS\tERRORS\tESTIMATED\tPROMPT\tCOMPLETION\tTOTAL\tRESERVED\tCOST\tOVERAGE\tOVERAGE_COST\n", strings.ToUpper(by))
+	row := func(key string, t Total) {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\n", key, t.Calls, t.Errors, t.Estimated,
+			t.PromptTokens, t.CompletionTokens, t.PromptTokens+t.CompletionTokens, t.Reserved,
+			FormatMicro(t.CostMicro), t.OverageTokens, FormatMicro(t.OverageCostMicro))
 	}
 	for _, t := range totals {
-		row(t)
-		sum.Calls += t.Calls
-		sum.Errors += t.Errors
-		sum.PromptTokens += t.PromptTokens
-		sum.CompletionTokens += t.CompletionTokens
-		sum.Reserved += t.Reserved
+		row(keyName(t.Key), t)
 	}
-	sum.Model = "total (" + day + ")"
-	row(sum)
+	row("total ("+day+")", sum(totals))
 	return tw.Flush()
+}
+
+// WriteCSV writes totals as CSV with a header and one row per key, each
+// naming the day, for spreadsheets and for joining several days; money is
+// in currency units with six decimals. There is no total row.
+func WriteCSV(w io.Writer, day, by string, totals []Total) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"day", by, "calls", "errors", "estimated_calls", "prompt_tokens", "completion_tokens",
+		"total_tokens", "reserved_tokens", "cost", "overage_tokens", "overage_cost"})
+	i := func(n int64) string { return strconv.FormatInt(n, 10) }
+	for _, t := range totals {
+		_ = cw.Write([]string{day, t.Key, i(t.Calls), i(t.Errors), i(t.Estimated), i(t.PromptTokens), i(t.CompletionTokens),
+			i(t.PromptTokens + t.CompletionTokens), i(t.Reserved), FormatMicro(t.CostMicro), i(t.OverageTokens),
+			FormatMicro(t.OverageCostMicro)})
+	}
+	cw.Flush()
+	return cw.Error()
 }

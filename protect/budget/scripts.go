@@ -2,135 +2,325 @@ package budget
 
 import "github.com/redis/go-redis/v9"
 
-// luaReap is the prelude of every script. It gives back each reservation of
-// the day whose expiry (unix ms by the caller's clock, ARGV[1]) has passed:
-// the amount leaves "outstanding" in exactly the three scopes recorded in
-// resinfo, then the reservation is deleted, so a second reaper (or a late
-// settle) finds nothing and nothing is returned twice.
+// Every key one day's scripts touch starts with faregate:budget:{<day>}:,
+// and the {<day>} hash tag puts them all in one Redis Cluster slot:
 //
-// The visitor and task keys of a reaped reservation are built here rather
-// than declared in KEYS because the script cannot know them in advance. They
-// carry the same {day} hash tag as the declared keys, so on Redis Cluster they
-// live in the same slot and the script stays single-slot.
+//	site            hash  site tokens: settled, outstanding, overage, warned, exhausted
+//	spend           hash  site money in micro-units, same fields
+//	tier:<tier>     hash  a tier's tokens (its max_site_share), same fields
+//	p:<principal>   hash  a principal's tokens, same fields
+//	task:<task>     hash  a task's tokens: settled, outstanding, overage
+//	taskres:<task>  set   ids of the task's open reservations (for ReleaseTask)
+//	res             zset  open reservation id → expiry (unix ms, caller's clock)
+//	resinfo         hash  open reservation id → "tokens|cost|principal|tier|task|model"
+//	done            hash  ended reservation id → "state|tokens|cost|ovtok|ovcost|late|info"
+//	                      state R = given back (expired or released), S = settled;
+//	                      op:<id> → what one ReleaseTask round released
 //
-// At most reapBatch reservations are reaped per call, which bounds the time
-// one script blocks Redis; a larger backlog drains over the next calls, and
-// until then the old reservations still count, which errs on the safe side.
-const luaReap = `
+// Keys of scopes named only inside resinfo (a reaped reservation's
+// principal, tier and task) are built by the scripts from the prefix of
+// KEYS[1] rather than declared; they share the {<day>} tag, so every script
+// stays single-slot on a cluster.
+//
+// "Used" in a scope means settled + outstanding. A reservation is granted
+// only while used + amount ≤ limit; a settle may push used past the limit
+// only by what it records as overage, so settled + outstanding − overage ≤
+// limit holds at every instant, and the next reservation is refused.
+//
+// Numbers handed to HINCRBY go through int(): Lua numbers are doubles, and
+// their default string form ("1e+15", "-0") is not an integer to Redis.
+
+// luaPrelude is shared by every script: helpers, the scope list of a
+// reservation, give-back and the reaper.
+//
+// The reaper gives back each reservation of the day whose expiry (ARGV now)
+// has passed: its amounts leave "outstanding" in exactly the scopes its
+// resinfo names, it leaves res, resinfo and its task's set, and done records
+// it as given back (R), so a second reaper finds nothing and a late settle
+// is charged as overage. At most 256 are reaped per call, which bounds how
+// long one script blocks Redis; a larger backlog drains over the next calls
+// and until then still counts, which errs on the safe side.
+const luaPrelude = `
 local prefix = string.sub(KEYS[1], 1, -5)
-local function reap(res, info, now)
-  local ids = redis.call('ZRANGEBYSCORE', res, '-inf', now, 'LIMIT', 0, 256)
-  for _, id in ipairs(ids) do
-    local v = redis.call('HGET', info, id)
-    if v then
-      local amount, vis, task = string.match(v, '^(%d+)|([^|]+)|([^|]+)$')
-      if amount then
-        redis.call('HINCRBY', prefix .. 'site', 'outstanding', '-' .. amount)
-        redis.call('HINCRBY', prefix .. 'ip:' .. vis, 'outstanding', '-' .. amount)
-        redis.call('HINCRBY', prefix .. 'task:' .. task, 'outstanding', '-' .. amount)
-      end
-      redis.call('HDEL', info, id)
-    end
-    redis.call('ZREM', res, id)
-  end
-end
+local function int(n) return string.format('%d', n) end
+local function num(v) return tonumber(v) or 0 end
 local function used(key)
   local v = redis.call('HMGET', key, 'settled', 'outstanding')
-  return tonumber(v[1] or 0), tonumber(v[2] or 0)
+  return num(v[1]) + num(v[2])
+end
+local function incr(key, field, n, ttl)
+  if n ~= 0 then
+    redis.call('HINCRBY', key, field, int(n))
+    redis.call('EXPIRE', key, ttl)
+  end
+end
+local function scopes(info)
+  local tok, cost, p, tier, task = string.match(info, '^(%d+)|(%d+)|([^|]+)|([^|]*)|([^|]+)|')
+  if not tok then return nil end
+  tok, cost = tonumber(tok), tonumber(cost)
+  local s = {{prefix .. 'site', tok}, {prefix .. 'spend', cost},
+    {prefix .. 'p:' .. p, tok}, {prefix .. 'task:' .. task, tok}}
+  if tier ~= '' then s[#s + 1] = {prefix .. 'tier:' .. tier, tok} end
+  return s, task
+end
+local function giveback(id, info, ttl)
+  local s, task = scopes(info)
+  if s then
+    for _, x in ipairs(s) do incr(x[1], 'outstanding', -x[2], ttl) end
+    redis.call('SREM', prefix .. 'taskres:' .. task, id)
+  end
+  redis.call('ZREM', prefix .. 'res', id)
+  redis.call('HDEL', prefix .. 'resinfo', id)
+  redis.call('HSET', prefix .. 'done', id, 'R|0|0|0|0|0|' .. info)
+  redis.call('EXPIRE', prefix .. 'done', ttl)
+end
+local function reap(now, ttl)
+  local ids = redis.call('ZRANGEBYSCORE', prefix .. 'res', '-inf', now, 'LIMIT', 0, 256)
+  for _, id in ipairs(ids) do
+    local info = redis.call('HGET', prefix .. 'resinfo', id)
+    if info then giveback(id, info, ttl) else redis.call('ZREM', prefix .. 'res', id) end
+  end
+end
+-- crossed reports whether key is at 80% of limit or more and this
+-- operation (tag) is the one that first saw it today. The flag holds the
+-- tag, so a re-sent script (lost reply) reports the same crossing again,
+-- and no other operation, on any replica, ever does.
+local function crossed(key, limit, tag)
+  local u = used(key)
+  if limit <= 0 or u * 5 < limit * 4 then return 0, u end
+  if redis.call('HSETNX', key, 'warned', tag) == 1 then return 1, u end
+  if redis.call('HGET', key, 'warned') == tag then return 1, u end
+  return 0, u
+end
+-- first reports whether this refusal (tag) is the scope's first today.
+local function first(key, tag, ttl)
+  if redis.call('HSETNX', key, 'exhausted', tag) == 1 then
+    redis.call('EXPIRE', key, ttl)
+    return 1
+  end
+  if redis.call('HGET', key, 'exhausted') == tag then return 1 end
+  return 0
 end
 `
 
-// reserveScript: KEYS site, visitor, task, res, resinfo; ARGV now, expiry,
-// id, amount, site limit, visitor limit, task limit, ttl seconds, info.
-// Returns {ok, scope, remaining, site settled, site outstanding, reservations}.
-// The narrowest exhausted scope is named (task, then visitor, then site), the
-// same precedence the quota gives the visitor over the whole site.
-var reserveScript = redis.NewScript(luaReap + `
-reap(KEYS[4], KEYS[5], ARGV[1])
-local amount = tonumber(ARGV[4])
-for _, i in ipairs({3, 2, 1}) do
-  local s, o = used(KEYS[i])
-  local limit = tonumber(ARGV[4 + i])
-  if s + o + amount > limit then
-    local rem = limit - s - o
-    if rem < 0 then rem = 0 end
-    local ss, so = used(KEYS[1])
-    return {0, i, rem, ss, so, redis.call('ZCARD', KEYS[4])}
+// Scope numbers shared by the scripts and scopeByIndex: the KEYS order of
+// reserve, settle, canAfford and usage.
+//
+//	1 site tokens, 2 site spend, 3 tier, 4 principal, 5 task
+
+// reserveScript: KEYS site, spend, tier, principal, task, taskres, res,
+// resinfo, done; ARGV now, expiry, id, tokens, cost, limits of site, spend,
+// tier, principal, task (0 = no cap for spend and tier), ttl seconds, info,
+// has-tier (1/0).
+//
+// Returns {status, scope, remaining, first, site used, spend used,
+// reservations, 4 warning flags, 4 used} where status is 1 granted, 2
+// granted before (a re-send: nothing is charged again), 0 refused by scope
+// (task, principal, tier, site, spend: the narrowest is named), 3 the id
+// belongs to another reservation. The warning flags and used values are of
+// site, spend, tier and principal.
+var reserveScript = redis.NewScript(luaPrelude + `
+local now, id, ttl, info = ARGV[1], ARGV[3], tonumber(ARGV[11]), ARGV[12]
+reap(now, ttl)
+local tag = 'r:' .. id
+local tok, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
+local amount = {tok, cost, tok, tok, tok}
+local limit = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
+local active = {true, true, ARGV[13] == '1', true, true}
+local function answer(status, scope, rem, fst)
+  local out = {status, scope, rem, fst, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])}
+  local w, u = {}, {}
+  for i = 1, 4 do
+    w[i], u[i] = 0, 0
+    if active[i] then
+      if status == 1 or status == 2 then w[i], u[i] = crossed(KEYS[i], limit[i], tag) else u[i] = used(KEYS[i]) end
+    end
+  end
+  for i = 1, 4 do out[#out + 1] = w[i] end
+  for i = 1, 4 do out[#out + 1] = u[i] end
+  return out
+end
+-- The id is made before the call, so a reply lost on the way back and the
+-- client's re-send of the same script meet here: answer the first success.
+local prev = redis.call('HGET', KEYS[8], id)
+if prev then
+  if prev == info then return answer(2, 0, 0, 0) end
+  return answer(3, 0, 0, 0)
+end
+local d = redis.call('HGET', KEYS[9], id)
+if d then
+  -- Given back (reaped or released) before the re-send arrived: still the
+  -- first answer; the caller's settle will be charged as overage.
+  if d == 'R|0|0|0|0|0|' .. info then return answer(2, 0, 0, 0) end
+  return answer(3, 0, 0, 0)
+end
+for _, i in ipairs({5, 4, 3, 1, 2}) do
+  if active[i] and limit[i] > 0 then
+    local u = used(KEYS[i])
+    if u + amount[i] > limit[i] then
+      local fst = 0
+      if i ~= 5 then fst = first(KEYS[i], tag, ttl) end
+      return answer(0, i, math.max(limit[i] - u, 0), fst)
+    end
   end
 end
-if redis.call('HEXISTS', KEYS[5], ARGV[3]) == 1 then
-  return redis.error_reply('budget: duplicate reservation id')
-end
-for i = 1, 3 do
-  redis.call('HINCRBY', KEYS[i], 'outstanding', ARGV[4])
-end
-redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
-redis.call('HSET', KEYS[5], ARGV[3], ARGV[9])
 for i = 1, 5 do
-  redis.call('EXPIRE', KEYS[i], ARGV[8])
+  if active[i] then incr(KEYS[i], 'outstanding', amount[i], ttl) end
 end
-local ss, so = used(KEYS[1])
-return {1, 0, 0, ss, so, redis.call('ZCARD', KEYS[4])}
+redis.call('ZADD', KEYS[7], ARGV[2], id)
+redis.call('HSET', KEYS[8], id, info)
+redis.call('SADD', KEYS[6], id)
+for i = 6, 8 do redis.call('EXPIRE', KEYS[i], ttl) end
+return answer(1, 0, 0, 0)
 `)
 
-// settleScript: KEYS site, visitor, task, res, resinfo; ARGV now, id,
-// actual, info, ttl seconds. The stored info must equal the caller's, so a
-// Reservation whose fields were altered cannot move tokens between scopes.
-// Returns {ok, 0, charged, site settled, site outstanding, reservations}.
-var settleScript = redis.NewScript(luaReap + `
-reap(KEYS[4], KEYS[5], ARGV[1])
-local v = redis.call('HGET', KEYS[5], ARGV[2])
-if (not v) or v ~= ARGV[4] then
-  local ss, so = used(KEYS[1])
-  return {0, 0, 0, ss, so, redis.call('ZCARD', KEYS[4])}
+// settleScript: KEYS as reserveScript; ARGV now, id, tokens, cost, info,
+// ttl seconds, limits of site, spend, tier, principal, has-tier (1/0).
+// The stored info must equal the caller's, so a Reservation whose fields
+// were altered cannot move tokens between scopes.
+//
+// An open reservation: its hold leaves outstanding, the actual usage is
+// settled in full, and what exceeds the hold is added to overage. One
+// given back (expired or released) before the settle arrived: the actual
+// usage is settled and all of it is overage. One already settled: the
+// first settlement is answered again and nothing moves.
+//
+// Returns {status, tokens, cost, overage tokens, overage cost, late, site
+// used, spend used, reservations, 4 warning flags, 4 used}; status 1
+// settled, 2 settled before, 0 unknown.
+var settleScript = redis.NewScript(luaPrelude + `
+local now, id, info, ttl = ARGV[1], ARGV[2], ARGV[5], tonumber(ARGV[6])
+reap(now, ttl)
+local tag = 's:' .. id
+local at, ac = tonumber(ARGV[3]), tonumber(ARGV[4])
+local actual = {at, ac, at, at, at}
+local limit = {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
+local active = {true, true, ARGV[11] == '1', true, true}
+local function answer(status, t, c, ot, oc, late)
+  local out = {status, t, c, ot, oc, late, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])}
+  local w, u = {}, {}
+  for i = 1, 4 do
+    w[i], u[i] = 0, 0
+    if active[i] then
+      if status ~= 0 then w[i], u[i] = crossed(KEYS[i], limit[i], tag) else u[i] = used(KEYS[i]) end
+    end
+  end
+  for i = 1, 4 do out[#out + 1] = w[i] end
+  for i = 1, 4 do out[#out + 1] = u[i] end
+  return out
 end
-local amount = string.match(v, '^(%d+)|')
-local charged = ARGV[3]
-if tonumber(charged) > tonumber(amount) then charged = amount end
-for i = 1, 3 do
-  redis.call('HINCRBY', KEYS[i], 'outstanding', '-' .. amount)
-  redis.call('HINCRBY', KEYS[i], 'settled', charged)
-  redis.call('EXPIRE', KEYS[i], ARGV[5])
+local function record(ot, oc, late)
+  redis.call('HSET', KEYS[9], id, 'S|' .. int(at) .. '|' .. int(ac) .. '|' .. int(ot) .. '|' .. int(oc) .. '|' .. late .. '|' .. info)
+  redis.call('EXPIRE', KEYS[9], ttl)
 end
-redis.call('ZREM', KEYS[4], ARGV[2])
-redis.call('HDEL', KEYS[5], ARGV[2])
-local ss, so = used(KEYS[1])
-return {1, 0, tonumber(charged), ss, so, redis.call('ZCARD', KEYS[4])}
-`)
-
-// canAffordScript: KEYS site, visitor, res, resinfo; ARGV now, amount, site
-// limit, visitor limit. Reaps, then only reads.
-// Returns {ok, scope, remaining, site settled, site outstanding, reservations}
-// with scope 2 (visitor) checked before 1 (site).
-var canAffordScript = redis.NewScript(luaReap + `
-reap(KEYS[3], KEYS[4], ARGV[1])
-local amount = tonumber(ARGV[2])
-local ss, so = used(KEYS[1])
-local n = redis.call('ZCARD', KEYS[3])
-for _, i in ipairs({2, 1}) do
-  local s, o = used(KEYS[i])
-  local limit = tonumber(ARGV[2 + i])
-  if s + o + amount > limit then
-    local rem = limit - s - o
-    if rem < 0 then rem = 0 end
-    return {0, i, rem, ss, so, n}
+local open = redis.call('HGET', KEYS[8], id)
+if open then
+  if open ~= info then return answer(0, 0, 0, 0, 0, 0) end
+  local rt, rc = string.match(open, '^(%d+)|(%d+)|')
+  rt, rc = tonumber(rt), tonumber(rc)
+  local held = {rt, rc, rt, rt, rt}
+  local ot, oc = math.max(at - rt, 0), math.max(ac - rc, 0)
+  local over = {ot, oc, ot, ot, ot}
+  for i = 1, 5 do
+    if active[i] then
+      incr(KEYS[i], 'outstanding', -held[i], ttl)
+      incr(KEYS[i], 'settled', actual[i], ttl)
+      incr(KEYS[i], 'overage', over[i], ttl)
+    end
+  end
+  redis.call('ZREM', KEYS[7], id)
+  redis.call('HDEL', KEYS[8], id)
+  redis.call('SREM', KEYS[6], id)
+  record(ot, oc, 0)
+  return answer(1, at, ac, ot, oc, 0)
+end
+local d = redis.call('HGET', KEYS[9], id)
+if not d then return answer(0, 0, 0, 0, 0, 0) end
+local st, t, c, ot, oc, late, rest = string.match(d, '^([RS])|(%d+)|(%d+)|(%d+)|(%d+)|(%d)|(.*)$')
+if rest ~= info then return answer(0, 0, 0, 0, 0, 0) end
+if st == 'S' then
+  return answer(2, tonumber(t), tonumber(c), tonumber(ot), tonumber(oc), tonumber(late))
+end
+for i = 1, 5 do
+  if active[i] then
+    incr(KEYS[i], 'settled', actual[i], ttl)
+    incr(KEYS[i], 'overage', actual[i], ttl)
   end
 end
-return {1, 0, 0, ss, so, n}
+record(at, ac, 1)
+return answer(1, at, ac, at, ac, 1)
 `)
 
-// usageScript: KEYS site, visitor, task, res, resinfo; ARGV now. Reaps, then
-// reads all three scopes in the same atomic step so the numbers agree.
-// Returns {site settled, site outstanding, visitor settled, visitor
-// outstanding, task settled, task outstanding, reservations}.
-var usageScript = redis.NewScript(luaReap + `
-reap(KEYS[4], KEYS[5], ARGV[1])
-local out = {}
-for i = 1, 3 do
-  local s, o = used(KEYS[i])
-  out[#out + 1] = s
-  out[#out + 1] = o
+// releaseScript: KEYS site, taskres, res, resinfo, done; ARGV now, ttl
+// seconds, op id. Gives back up to 256 open reservations of one task in
+// all their scopes and records them as given back (R), so their settles
+// are charged as overage. The count is recorded under the op id, so a
+// re-sent script answers it again instead of 0. Returns {released, still
+// open, site used, spend used, reservations}; the caller repeats (with a
+// new op id) while some are still open.
+var releaseScript = redis.NewScript(luaPrelude + `
+local ttl = tonumber(ARGV[2])
+reap(ARGV[1], ttl)
+local op = 'op:' .. ARGV[3]
+local prev = redis.call('HGET', KEYS[5], op)
+if prev then
+  return {tonumber(prev), redis.call('SCARD', KEYS[2]), used(KEYS[1]), used(prefix .. 'spend'), redis.call('ZCARD', KEYS[3])}
 end
-out[#out + 1] = redis.call('ZCARD', KEYS[4])
+local ids = redis.call('SRANDMEMBER', KEYS[2], 256)
+local n = 0
+for _, id in ipairs(ids) do
+  local info = redis.call('HGET', KEYS[4], id)
+  if info then
+    giveback(id, info, ttl)
+    n = n + 1
+  else
+    redis.call('SREM', KEYS[2], id)
+  end
+end
+-- Nothing released needs no record: a re-send would find nothing either.
+if n > 0 then
+  redis.call('HSET', KEYS[5], op, n)
+  redis.call('EXPIRE', KEYS[5], ttl)
+end
+return {n, redis.call('SCARD', KEYS[2]), used(KEYS[1]), used(prefix .. 'spend'), redis.call('ZCARD', KEYS[3])}
+`)
+
+// canAffordScript: KEYS site, spend, tier, principal, res, resinfo, done;
+// ARGV now, ttl seconds, tokens, cost, limits of site, spend, tier,
+// principal, has-tier (1/0). Reaps, then only reads, except that a refusal
+// sets the scope's once-a-day exhausted flag.
+// Returns {ok, scope, remaining, first, site used, spend used, reservations}
+// with principal, tier, site and spend checked in that order.
+var canAffordScript = redis.NewScript(luaPrelude + `
+local ttl = tonumber(ARGV[2])
+reap(ARGV[1], ttl)
+local tok, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
+local amount = {tok, cost, tok, tok}
+local limit = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])}
+local active = {true, true, ARGV[9] == '1', true}
+local su, spu, n = used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[5])
+for _, i in ipairs({4, 3, 1, 2}) do
+  if active[i] and limit[i] > 0 then
+    local u = used(KEYS[i])
+    if u + amount[i] > limit[i] then
+      return {0, i, math.max(limit[i] - u, 0), first(KEYS[i], 'a:' .. ARGV[1], ttl), su, spu, n}
+    end
+  end
+end
+return {1, 0, 0, 0, su, spu, n}
+`)
+
+// usageScript: KEYS site, spend, tier, principal, task, res, resinfo,
+// done; ARGV now, ttl seconds. Reaps, then reads every scope in the same
+// atomic step so the numbers agree. Returns settled, outstanding and
+// overage of each scope in KEYS order, then the reservation count.
+var usageScript = redis.NewScript(luaPrelude + `
+reap(ARGV[1], tonumber(ARGV[2]))
+local out = {}
+for i = 1, 5 do
+  local v = redis.call('HMGET', KEYS[i], 'settled', 'outstanding', 'overage')
+  for j = 1, 3 do out[#out + 1] = num(v[j]) end
+end
+out[#out + 1] = redis.call('ZCARD', KEYS[6])
 return out
 `)
