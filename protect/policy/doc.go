@@ -8,10 +8,11 @@
 //
 // # The file
 //
+// testdata/example.yaml is a commented example, kept valid by a test.
+//
 //	tiers:
 //	  public:  {tasks_per_day: 5, tokens_per_day: 40000, tokens_per_minute: 6000, requests_per_minute: 120}
-//	  partner: {tasks_per_day: 500, tokens_per_day: 2000000, tokens_per_minute: 100000,
-//	            requests_per_minute: 600, max_site_share: 0.5}
+//	  partner: {tasks_per_day: 500, tokens_per_day: 2000000, requests_per_minute: 600, max_site_share: 0.5}
 //	keys:
 //	  - {id: acme, sha256: "<64 hex: sha256 of the key>", tier: partner}
 //	  - {id: old, sha256: "<64 hex>", tier: partner, disabled: true}

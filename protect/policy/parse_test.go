@@ -386,3 +386,17 @@ func TestDefault(t *testing.T) {
 		t.Errorf("built-in rules missing without a file: %q %v", rule, ok)
 	}
 }
+
+// TestExampleFile keeps the documented example valid.
+func TestExampleFile(t *testing.T) {
+	p, err := Load(filepath.Join("testdata", "example.yaml"), envDefaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Tiers()) != 2 || len(p.Keys()) != 2 || len(p.Rules()) != 4 || p.Prices()["gpt-4o-mini"] != (Price{150000, 600000}) {
+		t.Errorf("example: tiers %v keys %v rules %v prices %v", p.Tiers(), p.Keys(), p.Rules(), p.Prices())
+	}
+	if tier, _ := p.Tier("partner"); tier.MaxSiteShare != 0.5 {
+		t.Errorf("partner = %+v", tier)
+	}
+}

@@ -244,7 +244,7 @@ func (s *Store) reload(trigger string, force bool) {
 	old := s.cur.Swap(p)
 	s.reloads.Inc()
 	s.lg.Info("policy reloaded", "path", s.opts.Path, "trigger", trigger,
-		"sha256", hex.EncodeToString(sum[:6]), "tiers", len(p.tiers), "keys", len(p.keys),
+		"file_sha256", hex.EncodeToString(sum[:6]), "tiers", len(p.tiers), "keys", len(p.keys),
 		"prompt_rules", len(p.rules), "models", len(p.prices))
 	if s.opts.OnChange != nil {
 		s.opts.OnChange(old, p)
