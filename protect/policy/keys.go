@@ -38,6 +38,7 @@ type KeyError struct {
 	ID string
 }
 
+// Error names the fault and a disabled key's id, never the key.
 func (e *KeyError) Error() string {
 	if e.ID != "" {
 		return fmt.Sprintf("policy: api key %s is %s", e.ID, e.Fault)

@@ -32,6 +32,7 @@ type Problem struct {
 	Msg string
 }
 
+// String is "line N: path: message", leaving out what is unknown.
 func (p Problem) String() string {
 	var b strings.Builder
 	if p.Line > 0 {

@@ -51,7 +51,9 @@ type Key struct {
 // the operator's currency (0.15 → 150000), so that money is summed in
 // integers.
 type Price struct {
-	InputMicroPerMTok  int64
+	// InputMicroPerMTok is the price of a million prompt tokens.
+	InputMicroPerMTok int64
+	// OutputMicroPerMTok is the price of a million completion tokens.
 	OutputMicroPerMTok int64
 }
 
