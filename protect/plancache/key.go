@@ -16,8 +16,9 @@ import (
 // plan is written in English until the API accepts a language (#12).
 const DefaultLanguage = "en"
 
-// keyPrefix starts every plan key. The hash sits in a hash tag so that a
-// plan key never shares a slot with anything but itself in a cluster.
+// keyPrefix starts every plan key. The hash that follows is written as a
+// hash tag ({…}) like every faregate key; a plan is a single key, so in a
+// cluster its slot is simply that of its hash, spread evenly.
 const keyPrefix = "faregate:plan:"
 
 // canonicalVersion is written into the canonical form. Raising it when the
@@ -45,8 +46,10 @@ type Request struct {
 // encoded as JSON, never by joining the fields with a separator: JSON quotes
 // and escapes every string, so no destination or interest text, whatever
 // characters it holds, can move a field boundary, and two different
-// canonical values always encode to different bytes. Field names and order
+// canonical values always encode to different bytes (the strings are valid
+// UTF-8 by then, so the encoder replaces nothing). Field names and order
 // are fixed by the struct, so the encoding is deterministic.
+// TestCanonicalInjective and FuzzNormalizeText decode it back to check.
 type canonical struct {
 	V           int      `json:"v"`
 	Destination string   `json:"destination"`
@@ -57,9 +60,10 @@ type canonical struct {
 
 // Key returns the Redis key of the plan cached for req:
 // faregate:plan:{<sha256 hex of the canonical form>}. Requests that differ
-// only in letter case, accents on Latin or Greek letters, Unicode
-// compatibility forms (full-width letters, ligatures), invisible format
-// characters, surrounding or repeated whitespace, or in the order and
+// only in letter case, accents on Latin or Greek letters (ß, ł, ø and the
+// like included), Unicode compatibility forms (full-width letters,
+// ligatures), invisible format and control characters, surrounding or
+// repeated whitespace, the case of the language tag, or in the order and
 // repetition of their interests share a key (blank interests are ignored);
 // any other difference gives a different key.
 func Key(req Request) string {
@@ -110,9 +114,10 @@ func canonicalize(req Request) canonical {
 //     a kana's dakuten, a Thai vowel sign or Cyrillic й tell words apart,
 //     and a cache that merges two destinations would serve a plan for the
 //     wrong place;
-//  4. every other letter is case-folded to lower(upper(r)), and the Latin
-//     letters whose stroke is not a combining mark are spelled plainly
-//     (ß, ł, đ, ø, ħ, ı, æ, œ; see plainLatin);
+//  4. every other rune is case-folded to lower(upper(r)), and the Latin
+//     letters whose mark is part of the glyph rather than a combining mark,
+//     or that full case folding expands, are spelled plainly (ß, ł, đ, ø,
+//     ħ, ı, æ, œ; see plainLatin);
 //  5. format characters (zero-width spaces, soft hyphens, joiners) and
 //     other control characters are dropped, as Unicode's NFKC_Casefold
 //     drops default-ignorable code points;
