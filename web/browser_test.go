@@ -386,7 +386,7 @@ func browserTask(t *testing.T, browser context.Context) {
 	}
 	post := f.lastPost(t)
 	got, _ := json.Marshal(post)
-	want := `{"days":2,"destination":"Lisbon","interests":["Food"],"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX"}`
+	want := `{"days":2,"destination":"Lisbon","interests":["Food"],"language":"en","turnstile_token":"XXXX.DUMMY.TOKEN.XXXX"}`
 	if string(got) != want {
 		t.Errorf("posted %s, want %s", got, want)
 	}
