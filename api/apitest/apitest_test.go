@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"faregate/api"
+	"faregate/web"
 )
 
 const (
@@ -292,5 +293,36 @@ func TestNewRejectsBadDocuments(t *testing.T) {
 				t.Errorf("New = %v, want ErrDocument", err)
 			}
 		})
+	}
+}
+
+// TestServedDocumentAndClient: the answers of the handlers this repository
+// ships for /api/openapi.json and /api/client.{js,d.ts} match the document
+// (the router adds X-Request-Id to every answer; this test does it too).
+func TestServedDocumentAndClient(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /api/client.js", web.Client())
+	mux.Handle("GET /api/client.d.ts", web.Client())
+	mux.HandleFunc("GET /api/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(api.OpenAPIDocument())
+	})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", reqID)
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	v := validator(t)
+	client := &http.Client{Transport: v.Transport(nil, nil)}
+	for _, p := range []string{"/api/openapi.json", "/api/client.js", "/api/client.d.ts"} {
+		resp, err := client.Get(srv.URL + p)
+		if err != nil {
+			t.Errorf("GET %s: %v", p, err)
+			continue
+		}
+		resp.Body.Close()
+	}
+	if v.Checked() != 3 {
+		t.Errorf("checked %d, want 3", v.Checked())
 	}
 }
