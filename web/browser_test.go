@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,11 +32,13 @@ type fakeAPI struct {
 	config func(base string) map[string]any
 	create func(w http.ResponseWriter, body map[string]any)
 	task   func(w http.ResponseWriter, id string, call int)
-	events func(w http.ResponseWriter, id string)
+	// events answers the call-th stream request (from 1).
+	events func(w http.ResponseWriter, r *http.Request, call int)
 
 	mu      sync.Mutex
 	posts   []map[string]any
 	calls   map[string]int
+	lastIDs []string // the Last-Event-ID header of each stream request
 	tsQuery string
 }
 
@@ -124,8 +127,11 @@ func startSite(t *testing.T, f *fakeAPI) *httptest.Server {
 		f.task(w, r.PathValue("id"), f.hit("task"))
 	})
 	mux.HandleFunc("GET /api/tasks/{id}/events", func(w http.ResponseWriter, r *http.Request) {
-		f.hit("events")
-		f.events(w, r.PathValue("id"))
+		call := f.hit("events")
+		f.mu.Lock()
+		f.lastIDs = append(f.lastIDs, r.Header.Get("Last-Event-ID"))
+		f.mu.Unlock()
+		f.events(w, r, call)
 	})
 	return srv
 }
@@ -297,14 +303,20 @@ func TestBrowser(t *testing.T) {
 	t.Run("task from link", func(t *testing.T) { browserLink(t, browser) })
 	t.Run("polling fallback", func(t *testing.T) { browserPolling(t, browser) })
 	t.Run("turnstile widget", func(t *testing.T) { browserWidget(t, browser) })
+	t.Run("refusal messages", func(t *testing.T) { browserRefusals(t, browser) })
+	t.Run("stream refused: polling", func(t *testing.T) { browserStreamRefused(t, browser) })
+	t.Run("stream closed: resume", func(t *testing.T) { browserStreamResume(t, browser) })
+	t.Run("cached plan", func(t *testing.T) { browserCachedPlan(t, browser) })
+	t.Run("worker lost", func(t *testing.T) { browserWorkerLost(t, browser) })
+	t.Run("plan language", func(t *testing.T) { browserPlanLanguage(t, browser) })
 }
 
 // browserTask: a whole task by keyboard on a phone-sized screen, from the
 // form to day cards, with hostile text kept as text.
 func browserTask(t *testing.T, browser context.Context) {
 	f := &fakeAPI{config: devConfig, create: accept("t_abc")}
-	f.events = func(w http.ResponseWriter, id string) {
-		final := finishedTask(id)
+	f.events = func(w http.ResponseWriter, r *http.Request, _ int) {
+		final := finishedTask(r.PathValue("id"))
 		writeEvents(w,
 			"step", map[string]any{"seq": 1, "kind": "model", "name": "plan", "status": "started"},
 			"status", map[string]any{"status": "running"},
@@ -345,6 +357,7 @@ func browserTask(t *testing.T, browser context.Context) {
 		Scripts     int
 		Overflow    bool
 		ChipPressed string
+		Modules     []string
 	}
 	s := eval[snapshot](t, ctx, `({
 		Steps: [...document.querySelectorAll('#steps > li')].map((li) => li.dataset.status),
@@ -361,6 +374,7 @@ func browserTask(t *testing.T, browser context.Context) {
 		Scripts: document.querySelectorAll('script[src*="ts.js"]').length,
 		Overflow: document.documentElement.scrollWidth > 360,
 		ChipPressed: document.getElementById('chip-food').getAttribute('aria-pressed'),
+		Modules: performance.getEntriesByType('resource').map((e) => new URL(e.name).pathname.split('/').pop()).filter((n) => n.endsWith('.js')),
 	})`)
 	if strings.Join(s.Steps, ",") != "ok,failed" {
 		t.Errorf("step rows %v, want ok,failed (seq 1 updated in place)", s.Steps)
@@ -384,9 +398,14 @@ func browserTask(t *testing.T, browser context.Context) {
 	if s.ChipPressed != "true" {
 		t.Errorf("chip aria-pressed %q", s.ChipPressed)
 	}
+	// The page talks to the server through the typed client other
+	// frontends use, so these tests exercise it.
+	if !slices.Contains(s.Modules, "client.js") || slices.Contains(s.Modules, "api.js") {
+		t.Errorf("modules loaded %v, want client.js and no api.js", s.Modules)
+	}
 	post := f.lastPost(t)
 	got, _ := json.Marshal(post)
-	want := `{"days":2,"destination":"Lisbon","interests":["Food"],"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX"}`
+	want := `{"days":2,"destination":"Lisbon","interests":["Food"],"language":"en","turnstile_token":"XXXX.DUMMY.TOKEN.XXXX"}`
 	if string(got) != want {
 		t.Errorf("posted %s, want %s", got, want)
 	}
@@ -516,7 +535,9 @@ func browserLink(t *testing.T, browser context.Context) {
 		}
 		apiError(404, "task_not_found", "", nil)(w)
 	}
-	f.events = func(w http.ResponseWriter, id string) { http.Error(w, "unexpected", http.StatusInternalServerError) }
+	f.events = func(w http.ResponseWriter, _ *http.Request, _ int) {
+		http.Error(w, "unexpected", http.StatusInternalServerError)
+	}
 	srv := startSite(t, f)
 	ctx := tab(t, browser)
 	do2(t, ctx, chromedp.Navigate(srv.URL+"/#t_done"))
@@ -534,7 +555,9 @@ func browserLink(t *testing.T, browser context.Context) {
 // browserPolling: when the event stream is refused the page polls instead.
 func browserPolling(t *testing.T, browser context.Context) {
 	f := &fakeAPI{config: devConfig, create: accept("t_poll")}
-	f.events = func(w http.ResponseWriter, id string) { http.Error(w, "down", http.StatusServiceUnavailable) }
+	f.events = func(w http.ResponseWriter, _ *http.Request, _ int) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}
 	f.task = func(w http.ResponseWriter, id string, call int) {
 		if call == 1 {
 			writeJSON(w, http.StatusOK, map[string]any{"id": id, "status": "running", "steps": []any{

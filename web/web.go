@@ -141,6 +141,10 @@ func newFile(body []byte, ctype string) file {
 // contentType names the types the page uses explicitly: mime's system
 // tables differ between machines (.js was application/javascript on some).
 func contentType(name string) string {
+	if strings.HasSuffix(name, ".d.ts") {
+		// TypeScript declarations; mime's tables call ".ts" MPEG video.
+		return "application/typescript; charset=utf-8"
+	}
 	switch path.Ext(name) {
 	case ".js", ".mjs":
 		return "text/javascript; charset=utf-8"
@@ -168,7 +172,8 @@ func contentType(name string) string {
 }
 
 func compressible(ctype string) bool {
-	return strings.HasPrefix(ctype, "text/") || ctype == "image/svg+xml" || ctype == "application/json"
+	return strings.HasPrefix(ctype, "text/") || ctype == "image/svg+xml" || ctype == "application/json" ||
+		strings.HasPrefix(ctype, "application/typescript")
 }
 
 // scriptOrigin returns scheme://host of the widget script URL.
@@ -224,7 +229,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p := r.URL.Path
 	if p == "/" {
-		h.send(w, r, h.index, cacheRevalidate)
+		sendFile(w, r, h.index, cacheRevalidate)
 		return
 	}
 	rest, ok := strings.CutPrefix(p, assetPrefix)
@@ -244,12 +249,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	h.send(w, r, f, cacheForever)
+	sendFile(w, r, f, cacheForever)
 }
 
-// send writes f, gzipped when the client accepts it, and answers a
+// sendFile writes f, gzipped when the client accepts it, and answers a
 // matching If-None-Match with 304.
-func (h *handler) send(w http.ResponseWriter, r *http.Request, f file, cache string) {
+func sendFile(w http.ResponseWriter, r *http.Request, f file, cache string) {
 	hdr := w.Header()
 	body, etag := f.body, f.etag
 	if f.gz != nil {

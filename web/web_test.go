@@ -21,15 +21,22 @@ import (
 )
 
 // Every code the contract and the later issues name: each needs a message
-// and a next step in both languages.
+// and a next step in both languages. contract_test.go checks these lists
+// against the OpenAPI document and client.d.ts.
 var errorCodes = []string{
-	"invalid_request", "turnstile_failed", "task_not_found", "request_too_large",
+	"invalid_request", "prompt_rejected", "invalid_api_key", "turnstile_failed",
+	"task_not_found", "not_found", "method_not_allowed", "request_too_large",
 	"unsupported_media_type", "demo_ip_limit_reached", "demo_global_limit_reached",
-	"demo_budget_exhausted", "internal_error", "demo_protection_unavailable",
-	"model_unavailable", "aitf_queue_full", "too_many_attempts", "agent_failed",
+	"demo_budget_exhausted", "too_many_streams", "rate_limited", "too_many_failed_checks",
+	"token_rate_limited", "key_daily_limit_reached", "anomaly_blocked", "internal_error",
+	"demo_protection_unavailable", "model_unavailable", "aitf_queue_full", "server_busy",
 	// Page-side conditions with their own text.
-	"network", "unknown",
+	"network", "unknown", "config", "turnstile_load", "turnstile_widget",
 }
+
+// Codes of a failed task: the attempt was counted, so they have their own
+// words ("taskerr.<code>").
+var taskErrorCodes = []string{"model_unavailable", "agent_failed", "worker_lost", "input_spike", "token_rate_limited", "unknown"}
 
 var warningCodes = []string{
 	"weather_unavailable", "search_unavailable", "fetch_failed", "downstream_pushback",
@@ -126,6 +133,8 @@ func TestAssets(t *testing.T) {
 		name, file, ctype string
 	}{
 		{"app module", "app.js", "text/javascript; charset=utf-8"},
+		{"client module", "client.js", "text/javascript; charset=utf-8"},
+		{"client types", "client.d.ts", "application/typescript; charset=utf-8"},
 		{"messages module", "messages.js", "text/javascript; charset=utf-8"},
 		{"stylesheet", "style.css", "text/css; charset=utf-8"},
 		{"icon", "favicon.svg", "image/svg+xml"},
@@ -580,6 +589,21 @@ func TestMessageTables(t *testing.T) {
 				if en[key] == "" || zh[key] == "" {
 					t.Errorf("no %q in both tables", key)
 				}
+			}
+		}
+	})
+	t.Run("every task error code", func(t *testing.T) {
+		for _, code := range taskErrorCodes {
+			for _, key := range []string{"taskerr." + code, "taskerr." + code + ".next"} {
+				if en[key] == "" || zh[key] == "" {
+					t.Errorf("no %q in both tables", key)
+				}
+			}
+		}
+		// A failed task keeps its quota slot; its message must not say otherwise.
+		for _, code := range taskErrorCodes {
+			if !strings.Contains(en["taskerr."+code+".next"], "still counts") {
+				t.Errorf("taskerr.%s.next does not say the attempt still counts", code)
 			}
 		}
 	})

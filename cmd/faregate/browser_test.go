@@ -97,6 +97,7 @@ func TestBrowserEndToEnd(t *testing.T) {
 	t.Run("invalid input", func(t *testing.T) { browserInvalidInput(t, b, shots) })
 	t.Run("model markup stays text", func(t *testing.T) { browserModelMarkup(t, b, shots) })
 	t.Run("chinese locale", func(t *testing.T) { browserChinese(t, b, shots) })
+	t.Run("chinese plan from the offline planner", func(t *testing.T) { browserChinesePlan(t, b, shots) })
 }
 
 // artifactDir is where screenshots go: FAREGATE_TEST_ARTIFACTS or a
@@ -706,7 +707,7 @@ func browserModelMarkup(t *testing.T, parent context.Context, shots string) {
 		Summary: document.getElementById('summary').textContent,
 		Titles: [...document.querySelectorAll('#days-list .day-title')].map((h) => h.textContent),
 		Imgs: document.querySelectorAll('#result img').length,
-		Elems: document.querySelectorAll('#summary *, #days-list h4 *').length,
+		Elems: document.querySelectorAll('#summary *, #days-list h4 *:not(.day-label)').length,
 		Model: document.getElementById('model-info').textContent,
 	})`)
 	wantIn(t, "summary", v.Summary, payload)
@@ -765,6 +766,40 @@ func browserChinese(t *testing.T, parent context.Context, shots string) {
 	checkRetryLine(t, retry, "小时", "分钟")
 	if strings.Contains(b.text("messages"), "free plans") {
 		t.Error("English text in the Chinese message")
+	}
+}
+
+// browserChinesePlan: the Chinese page asks for its plan in Chinese
+// (language "zh-CN"), and the offline planner writes it in Chinese; the
+// page marks the plan zh-CN. It needs the server's language field and the
+// offline planner's Chinese output (issue #12).
+func browserChinesePlan(t *testing.T, parent context.Context, shots string) {
+	s := startServer(t, browserServerEnv(t, nil))
+	b := openTab(t, parent, shots, "chinese-plan", 390, 844)
+	b.open(s.URL)
+	jsValue[chromedp.Void](b, `(() => { const s = document.getElementById('lang'); s.value = 'zh-CN'; s.dispatchEvent(new Event('change')); })()`)
+	b.wait(`document.documentElement.lang === 'zh-CN'`)
+	b.fill("杭州", 2, "food")
+	b.submit()
+	if st := b.waitTaskDone(); st != "succeeded" {
+		t.Fatalf("task ended %q", st)
+	}
+	b.wait(`!document.getElementById('result').hidden`)
+	type view struct{ Hash, Summary, SummaryLang, DaysLang string }
+	v := jsValue[view](b, `({Hash: location.hash, Summary: document.getElementById('summary').textContent,
+		SummaryLang: document.getElementById('summary').lang, DaysLang: document.getElementById('days-list').lang})`)
+	task := waitTask(t, s.URL, strings.TrimPrefix(v.Hash, "#"))
+	req, _ := task["request"].(map[string]any)
+	res, _ := task["result"].(map[string]any)
+	if req["language"] != "zh-CN" || res["language"] != "zh-CN" {
+		t.Errorf("request language %v, result language %v; want zh-CN for both", req["language"], res["language"])
+	}
+	summary, _ := res["summary"].(string)
+	wantChinese(t, "server summary", summary)
+	// The offline planner says in the plan itself that it is not an LLM.
+	wantIn(t, "server summary", summary, "离线")
+	if v.Summary != summary || v.SummaryLang != "zh-CN" || v.DaysLang != "zh-CN" {
+		t.Errorf("page summary %q (lang %q, days lang %q), server summary %q", v.Summary, v.SummaryLang, v.DaysLang, summary)
 	}
 }
 

@@ -1,10 +1,12 @@
 // The page: reads /api/config, drives the form and the human check, then
-// follows a task to its itinerary. All visible text comes from the message
-// tables via setText, and all server or model data enters the DOM as text
-// nodes (textContent, append of strings), never as markup.
-import { LANGS, translate, pickLanguage, errorKey, warningKey, retryText, parseRetryAfter, durationKey } from './messages.js';
+// follows a task to its itinerary. It talks to the server only through the
+// typed client (client.js, the module other frontends load from
+// /api/client.js). All visible text comes from the message tables via
+// setText, and all server or model data enters the DOM as text nodes
+// (textContent, append of strings), never as markup.
+import { LANGS, translate, pickLanguage, errorKey, taskErrorKey, warningKey, retryText, durationKey } from './messages.js';
 import { DEFAULT_LIMITS, limitsFrom, validateTask, interestError, serverFieldErrors } from './validate.js';
-import { getConfig, createTask, getTask, watchTask, toError, isFinal } from './api.js';
+import { createClient, FaregateError, isFinal } from './client.js';
 import { startHumanCheck } from './turnstile.js';
 
 const LANG_STORAGE = 'faregate.lang';
@@ -17,6 +19,12 @@ const TASK_STATUSES = ['queued', 'running', 'succeeded', 'failed'];
 const STEP_KINDS = ['model', 'tool'];
 const STEP_STATUSES = ['started', 'ok', 'failed', 'cached'];
 const SAFE_CODE = /^[a-z0-9_]{1,64}$/;
+// A plan's language as a lang attribute; anything else is not trusted.
+const LANG_TAG = /^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2}$/;
+// Refusals of a stream after which the page polls, said as a notice.
+const STREAM_REFUSALS = ['too_many_streams', 'server_busy', 'rate_limited'];
+
+const api = createClient();
 
 // All page state lives here; render functions read it, so a language switch
 // or a late server answer can redraw any part without extra bookkeeping.
@@ -30,7 +38,7 @@ const state = {
   fieldErrors: {}, // field → {key, params}
   message: null, // what the live region shows, kept so a language switch can re-render it
   task: null, // the task on screen
-  watcher: null,
+  watcher: null, // the AbortController of the follow in progress
 };
 
 const $ = (id) => document.getElementById(id);
@@ -92,17 +100,28 @@ function setLanguage(lang, remember) {
   }
   $('lang').value = state.lang;
   translateAll();
-  // The retry line holds formatted times, not a plain table entry.
+  // The retry line holds formatted times, not a plain table entry, and the
+  // plan's labels carry the page's lang attribute.
   renderMessage();
+  if (state.task) renderTask();
 }
 
 // ---- messages (the aria-live region) ----
 
 // setMessage replaces what the live region says. The arrival time is kept
 // because Retry-After counts from the answer, not from a later redraw.
+// Kinds: "info" (a table key), "error" (a code), "notice" (a code that did
+// not stop anything: the page carries on, e.g. by polling).
 function setMessage(m) {
   state.message = m ? { ...m, at: Date.now() } : null;
   renderMessage();
+}
+
+// errorMessage turns whatever a client call threw into a message: a
+// FaregateError keeps its code, Retry-After, request id and fields.
+function errorMessage(err, kind = 'error') {
+  if (!(err instanceof FaregateError)) return { kind, code: 'unknown' };
+  return { kind, code: err.code, retryAfter: err.retryAfter, requestId: err.requestId, fields: err.fields };
 }
 
 // renderMessage fills the single aria-live region: an error gets its text,
@@ -119,18 +138,18 @@ function renderMessage() {
   const [text, next, retry, ref] = parts;
   box.dataset.kind = m.kind;
   box.classList.add('messages-' + m.kind);
-  if (m.kind !== 'error') {
+  if (m.kind === 'info') {
     setText(text, m.key, m.params);
     return;
   }
-  const key = errorKey(m.code);
+  // A failed task has its own words: the attempt was counted.
+  const key = m.task ? taskErrorKey(m.code) : errorKey(m.code);
   box.dataset.code = SAFE_CODE.test(String(m.code)) ? m.code : 'unknown';
   setText(text, key);
   setText(next, key + '.next');
   // Measured from when the answer arrived, so re-rendering after a language
   // switch keeps the same wall-clock time.
-  const seconds = parseRetryAfter(m.retryAfter, m.at);
-  if (seconds !== null) retry.textContent = retryText(state.lang, seconds, m.at);
+  if (Number.isFinite(m.retryAfter)) retry.textContent = retryText(state.lang, m.retryAfter, m.at);
   if (m.requestId) setText(ref, 'ref', { id: String(m.requestId) });
 }
 
@@ -344,11 +363,18 @@ async function onSubmit(ev) {
   state.inFlight = true;
   renderSubmit();
   setMessage({ kind: 'info', key: 'status.sending' });
-  let res;
+  let accepted;
   try {
-    res = await createTask({ turnstile_token: token, ...value });
-  } catch {
-    setMessage({ kind: 'error', code: 'network' });
+    // The plan is written in the page's language.
+    accepted = await api.createTask({ turnstile_token: token, ...value, language: state.lang });
+  } catch (err) {
+    const m = errorMessage(err);
+    if (m.code === 'invalid_request' && m.fields) {
+      state.fieldErrors = serverFieldErrors(m.fields, state.limits);
+      renderFieldErrors();
+      focusFirstInvalid();
+    }
+    setMessage(m);
     return;
   } finally {
     // Whatever happened, the token may have been spent.
@@ -356,17 +382,11 @@ async function onSubmit(ev) {
     state.check.reset();
     renderSubmit();
   }
-  if (res.status === 202 && res.body && typeof res.body.id === 'string') {
-    startTask(res.body, value);
+  if (typeof accepted.id !== 'string') {
+    setMessage({ kind: 'error', code: 'unknown' });
     return;
   }
-  const err = toError(res);
-  if (err.code === 'invalid_request' && err.fields) {
-    state.fieldErrors = serverFieldErrors(err.fields, state.limits);
-    renderFieldErrors();
-    focusFirstInvalid();
-  }
-  setMessage({ kind: 'error', ...err });
+  startTask(accepted, value);
 }
 
 // ---- the task ----
@@ -463,7 +483,7 @@ function renderOutcome() {
   errBox.hidden = task.status !== 'failed';
   if (task.status === 'failed') {
     const code = failureCode(task);
-    const key = errorKey(code);
+    const key = taskErrorKey(code);
     errBox.dataset.code = code;
     setText($('task-error-text'), key);
     setText($('task-error-next'), key + '.next');
@@ -473,7 +493,14 @@ function renderOutcome() {
   const box = $('result');
   box.hidden = !r;
   if (!r) return;
+  // The plan keeps its own language, whatever the page's: a screen reader
+  // then reads an English plan on the Chinese page with an English voice.
+  // Plans from before the language field were always English.
+  const planLang = typeof r.language === 'string' && LANG_TAG.test(r.language) ? r.language : 'en';
+  $('summary').lang = planLang;
+  $('days-list').lang = planLang;
   $('summary').textContent = typeof r.summary === 'string' ? r.summary : '';
+  $('cached-note').hidden = r.cached !== true;
   const warnings = Array.isArray(r.warnings) ? r.warnings : [];
   $('warnings').replaceChildren(
     ...warnings.map((code) => {
@@ -495,13 +522,21 @@ function renderOutcome() {
   if (!usage.hidden) setText(usage, 'task.usage', { prompt: u.prompt_tokens, completion: u.completion_tokens });
 }
 
-// renderDay builds one day card: an article with a heading and a list.
+// renderDay builds one day card: an article with a heading and a list. The
+// card is in the plan's language (from #days-list); the "Day n" label is
+// the page's, so it carries the page's lang.
 function renderDay(day, i) {
   const d = day && typeof day === 'object' ? day : {};
   const n = Number.isSafeInteger(d.day) ? d.day : i + 1;
   const title = el('h4', { class: 'day-title' });
-  if (typeof d.title === 'string' && d.title !== '') setText(title, 'task.day_title', { n, title: d.title });
-  else setText(title, 'task.day', { n });
+  if (typeof d.title === 'string' && d.title !== '') {
+    const label = el('span', { class: 'day-label', lang: state.lang });
+    setText(label, 'task.day_prefix', { n });
+    title.append(label, d.title);
+  } else {
+    title.lang = state.lang;
+    setText(title, 'task.day', { n });
+  }
   const items = Array.isArray(d.items) ? d.items : [];
   const list = el('ul', {}, ...items.map((item) => el('li', {}, String(item))));
   return el('article', { class: 'day', 'data-testid': 'day-card', 'data-day': String(n) }, title, list);
@@ -515,7 +550,7 @@ function failureCode(task) {
 }
 
 function stopWatching() {
-  if (state.watcher) state.watcher.stop();
+  if (state.watcher) state.watcher.abort();
   state.watcher = null;
 }
 
@@ -531,37 +566,68 @@ function showTask(task) {
 function finish() {
   state.watcher = null;
   if (state.task.status === 'succeeded') setMessage({ kind: 'info', key: 'status.done' });
-  else setMessage({ kind: 'error', code: failureCode(state.task) });
+  else setMessage({ kind: 'error', code: failureCode(state.task), task: true });
 }
 
-// follow streams task id's progress into the view. Handlers ignore events
-// for a task that is no longer on screen (the visitor started another).
+// follow streams task id's progress into the view through the client,
+// which resumes dropped streams by itself and polls when no stream can be
+// had. Handlers ignore a task that is no longer on screen (the visitor
+// started another); stopWatching aborts the follow.
 function follow(id) {
   const current = () => state.task !== null && state.task.id === id;
-  state.watcher = watchTask(id, {
+  const watcher = new AbortController();
+  state.watcher = watcher;
+  let mode = 'stream';
+  // After a passing problem (shown as a notice) the next progress puts the
+  // progress message back.
+  const recovered = () => {
+    if (state.message && state.message.kind === 'notice' && state.message.transient) {
+      setMessage({ kind: 'info', key: mode === 'poll' ? 'status.polling' : 'status.following' });
+    }
+  };
+  api.follow(id, {
+    signal: watcher.signal,
     onStep(step) {
       if (!current()) return;
+      recovered();
       const seq = addStep(step);
       if (seq !== null) renderStep(state.task.steps.get(seq));
     },
     onStatus(status) {
       if (!current()) return;
+      recovered();
       state.task.status = status;
       renderTask();
     },
     onTask(task) {
       if (!current()) return;
+      recovered();
       absorb(task);
       renderTask();
-      if (isFinal(state.task.status)) finish();
     },
-    onFallback() {
-      if (current()) setMessage({ kind: 'info', key: 'status.polling' });
+    onMode(m, reason) {
+      mode = m;
+      if (m !== 'poll' || !current()) return;
+      // A refusal the visitor can act on is named; a lost connection is not.
+      if (reason && STREAM_REFUSALS.includes(reason.code)) setMessage(errorMessage(reason, 'notice'));
+      else setMessage({ kind: 'info', key: 'status.polling' });
     },
-    onError(err) {
-      if (current()) setMessage({ kind: 'error', ...err });
+    onRetry(err) {
+      if (current()) setMessage({ ...errorMessage(err, 'notice'), transient: true });
     },
-  });
+  }).then(
+    (task) => {
+      if (watcher.signal.aborted || !current()) return;
+      absorb(task);
+      renderTask();
+      finish();
+    },
+    (err) => {
+      if (watcher.signal.aborted || !current()) return;
+      state.watcher = null;
+      setMessage(errorMessage(err));
+    },
+  );
 }
 
 // startTask shows an accepted task (remaining quota first) and follows it.
@@ -591,21 +657,17 @@ async function openFromHash() {
     return;
   }
   setMessage({ kind: 'info', key: 'status.loading_task' });
-  let res;
+  let task;
   try {
-    res = await getTask(hash);
-  } catch {
-    setMessage({ kind: 'error', code: 'network' });
+    task = await api.getTask(hash);
+  } catch (err) {
+    if (location.hash.slice(1) === hash && !state.task) setMessage(errorMessage(err));
     return;
   }
   // The visitor may have moved on while the answer was on its way.
   if (location.hash.slice(1) !== hash || state.task) return;
-  if (!res.ok || !res.body || typeof res.body !== 'object') {
-    setMessage({ kind: 'error', ...toError(res, res.status === 404 ? 'task_not_found' : 'unknown') });
-    return;
-  }
   showTask(newTask(hash, 'queued', null));
-  absorb(res.body);
+  absorb(task);
   renderTask();
   if (isFinal(state.task.status)) {
     finish();
@@ -621,25 +683,22 @@ async function openFromHash() {
 // banners and the human check all depend on it.
 async function loadConfig() {
   setMessage({ kind: 'info', key: 'status.loading_config' });
-  let res;
+  let config;
   try {
-    res = await getConfig();
-  } catch {
-    setMessage({ kind: 'error', code: 'network' });
+    config = await api.config();
+  } catch (err) {
+    const m = errorMessage(err);
+    // An answer without a usable body is the settings' own failure.
+    setMessage(m.code === 'unknown' ? { ...m, code: 'config' } : m);
     return;
   }
-  if (!res.ok || !res.body || typeof res.body !== 'object') {
-    const err = toError(res, 'config');
-    setMessage({ kind: 'error', ...err, code: err.code === 'unknown' ? 'config' : err.code });
-    return;
-  }
-  state.config = res.body;
-  state.limits = limitsFrom(res.body.input);
+  state.config = config;
+  state.limits = limitsFrom(config.input);
   renderLimits();
   renderBanners();
   setMessage(null);
   state.check = startHumanCheck({
-    config: res.body,
+    config,
     container: $('turnstile'),
     lang: state.lang,
     onChange: renderSubmit,

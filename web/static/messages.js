@@ -1,7 +1,7 @@
 // Every sentence a visitor reads, in English and Simplified Chinese, plus
 // the few formatters whose output depends on the language (waiting times,
-// durations). Error codes and warning codes map to text only here, so a new
-// server code needs nothing but two table entries.
+// durations). Error codes, task failure codes and warning codes map to text
+// only here, so a new server code needs nothing but table entries.
 //
 // The tables are written as strict JSON (double quotes, no trailing commas,
 // no comments inside) because web_test.go parses them to prove that both
@@ -56,7 +56,7 @@ export const TABLES = {
     "status.accepted": "Request accepted. Your plan is being prepared; progress appears below.",
     "status.loading_task": "Loading the saved plan…",
     "status.following": "Following the progress of this plan…",
-    "status.polling": "The live connection dropped; checking for updates every few seconds.",
+    "status.polling": "Live updates are not available right now; checking for updates every few seconds.",
     "status.done": "Your plan is ready.",
     "ref": "Reference: {id}",
     "retry.in": "Try again in {rel}.",
@@ -91,10 +91,28 @@ export const TABLES = {
     "err.model_unavailable.next": "Try again in a few minutes.",
     "err.aitf_queue_full": "Too many people are trying at once.",
     "err.aitf_queue_full.next": "Wait a few seconds and send again.",
-    "err.too_many_attempts": "Too many attempts in a short time.",
-    "err.too_many_attempts.next": "Wait a moment before you send again.",
-    "err.agent_failed": "The planner could not finish this plan.",
-    "err.agent_failed.next": "Try again, perhaps with a simpler request. This attempt still counts toward today's plans.",
+    "err.prompt_rejected": "The trip details contain text the planner does not accept, such as instructions meant for the AI.",
+    "err.prompt_rejected.next": "Describe only the destination and your interests, then send again.",
+    "err.invalid_api_key": "The API key was not accepted.",
+    "err.invalid_api_key.next": "Check the key, or use the page without one.",
+    "err.not_found": "The page asked the server for something that does not exist.",
+    "err.not_found.next": "Reload the page. If it keeps happening, quote the reference below.",
+    "err.method_not_allowed": "The server did not accept the way the page asked.",
+    "err.method_not_allowed.next": "Reload the page. If it keeps happening, quote the reference below.",
+    "err.too_many_streams": "Too many plans are being followed live from your connection.",
+    "err.too_many_streams.next": "Close other tabs that show plans in progress. This page checks for updates every few seconds instead.",
+    "err.rate_limited": "Too many requests in a short time.",
+    "err.rate_limited.next": "Wait a moment before you send again.",
+    "err.too_many_failed_checks": "Too many attempts from your connection were refused in the last hour.",
+    "err.too_many_failed_checks.next": "Wait until the time below, then fill in the form and complete the human check once more.",
+    "err.server_busy": "The server is very busy right now.",
+    "err.server_busy.next": "Nothing was counted. Wait a few seconds and send again.",
+    "err.anomaly_blocked": "Unusual requests from your connection were paused for a while.",
+    "err.anomaly_blocked.next": "Nothing was counted. You can send again after the time below.",
+    "err.token_rate_limited": "The planner is doing as much work as it can this minute.",
+    "err.token_rate_limited.next": "Nothing was counted. Send again after the time below.",
+    "err.key_daily_limit_reached": "This API key has used all its plans for today.",
+    "err.key_daily_limit_reached.next": "Its allowance renews at midnight UTC.",
     "err.network": "The server could not be reached.",
     "err.network.next": "Check your internet connection and try again.",
     "err.unknown": "Something unexpected went wrong.",
@@ -105,6 +123,18 @@ export const TABLES = {
     "err.turnstile_load.next": "Allow challenges.cloudflare.com in your content blocker or try another network, then reload the page.",
     "err.turnstile_widget": "The human check ran into a problem.",
     "err.turnstile_widget.next": "Wait for it to retry, or reload the page.",
+    "taskerr.model_unavailable": "The planner's model stopped answering while it worked on your plan.",
+    "taskerr.model_unavailable.next": "This attempt still counts toward today's plans. Try again in a few minutes.",
+    "taskerr.agent_failed": "The planner could not finish this plan.",
+    "taskerr.agent_failed.next": "Try again, perhaps with a simpler request. This attempt still counts toward today's plans.",
+    "taskerr.worker_lost": "The server that was preparing your plan stopped before it finished.",
+    "taskerr.worker_lost.next": "Your plan was not run or charged twice, but this attempt still counts toward today's plans. Start a new one with the form.",
+    "taskerr.input_spike": "The planner stopped because this request was far larger than usual, so the model was not asked.",
+    "taskerr.input_spike.next": "This attempt still counts toward today's plans. Try a shorter request.",
+    "taskerr.token_rate_limited": "The planner reached its limit of work per minute before your plan was finished.",
+    "taskerr.token_rate_limited.next": "This attempt still counts toward today's plans. Wait a minute, then try again.",
+    "taskerr.unknown": "The planner could not finish this plan.",
+    "taskerr.unknown.next": "This attempt still counts toward today's plans. Try again in a moment.",
     "task.heading": "Your plan",
     "task.heading_for": "Your plan for {destination}",
     "task.status.queued": "Status: waiting to start",
@@ -125,11 +155,12 @@ export const TABLES = {
     "step.status.unknown": "unknown",
     "task.result.heading": "Itinerary",
     "task.day": "Day {n}",
-    "task.day_title": "Day {n}: {title}",
+    "task.day_prefix": "Day {n}: ",
     "task.warnings.heading": "Please note",
     "task.model": "Written by the model {model}.",
     "task.model_offline": "Written by {model}, the built-in demo planner (not a language model).",
     "task.usage": "Tokens used: {prompt} in, {completion} out.",
+    "task.cached": "Served from a cached plan for the same request: no tokens were spent.",
     "warn.weather_unavailable": "Live weather was unavailable, so the plan uses seasonal norms.",
     "warn.search_unavailable": "The travel guide search was unavailable, so the plan relies on general knowledge.",
     "warn.fetch_failed": "Some pages could not be fetched, so a few details may be less specific.",
@@ -193,7 +224,7 @@ export const TABLES = {
     "status.accepted": "请求已受理，正在生成行程；进度显示在下方。",
     "status.loading_task": "正在加载已保存的行程…",
     "status.following": "正在跟踪此行程的进度…",
-    "status.polling": "实时连接已断开；将每隔几秒检查一次更新。",
+    "status.polling": "暂时无法实时更新；将每隔几秒检查一次进度。",
     "status.done": "你的行程已生成。",
     "ref": "参考编号：{id}",
     "retry.in": "请在 {rel}后重试。",
@@ -228,10 +259,28 @@ export const TABLES = {
     "err.model_unavailable.next": "请几分钟后再试。",
     "err.aitf_queue_full": "同时尝试的人太多了。",
     "err.aitf_queue_full.next": "请等几秒后重新发送。",
-    "err.too_many_attempts": "短时间内尝试次数过多。",
-    "err.too_many_attempts.next": "请稍等片刻再发送。",
-    "err.agent_failed": "规划器未能完成这个行程。",
-    "err.agent_failed.next": "请重试，或换一个更简单的请求。本次尝试仍计入今天的次数。",
+    "err.prompt_rejected": "旅行信息中包含规划器不接受的内容，例如写给 AI 的指令。",
+    "err.prompt_rejected.next": "请只填写目的地和兴趣，然后重新发送。",
+    "err.invalid_api_key": "API 密钥未被接受。",
+    "err.invalid_api_key.next": "请检查密钥，或不使用密钥直接使用本页面。",
+    "err.not_found": "页面向服务器请求了不存在的内容。",
+    "err.not_found.next": "请刷新页面。如果问题持续，请提供下方的参考编号。",
+    "err.method_not_allowed": "服务器不接受页面的请求方式。",
+    "err.method_not_allowed.next": "请刷新页面。如果问题持续，请提供下方的参考编号。",
+    "err.too_many_streams": "你的网络连接同时实时跟踪的行程过多。",
+    "err.too_many_streams.next": "请关闭其他显示进行中行程的标签页。本页面将改为每隔几秒检查一次进度。",
+    "err.rate_limited": "短时间内请求次数过多。",
+    "err.rate_limited.next": "请稍等片刻再发送。",
+    "err.too_many_failed_checks": "过去一小时内，来自你的网络连接的尝试被拒绝次数过多。",
+    "err.too_many_failed_checks.next": "请等到下方所示时间后，重新填写表单并再次完成人机验证。",
+    "err.server_busy": "服务器当前非常繁忙。",
+    "err.server_busy.next": "本次没有计入次数。请等几秒后重新发送。",
+    "err.anomaly_blocked": "来自你的网络连接的异常请求已被暂停一段时间。",
+    "err.anomaly_blocked.next": "本次没有计入次数。请在下方所示时间后再发送。",
+    "err.token_rate_limited": "规划器本分钟的处理量已达上限。",
+    "err.token_rate_limited.next": "本次没有计入次数。请在下方所示时间后再发送。",
+    "err.key_daily_limit_reached": "此 API 密钥今天的规划次数已用完。",
+    "err.key_daily_limit_reached.next": "次数将在 UTC 午夜重置。",
     "err.network": "无法连接到服务器。",
     "err.network.next": "请检查网络连接后重试。",
     "err.unknown": "发生了意外错误。",
@@ -242,6 +291,18 @@ export const TABLES = {
     "err.turnstile_load.next": "请在内容拦截器中允许 challenges.cloudflare.com，或换一个网络，然后刷新页面。",
     "err.turnstile_widget": "人机验证出现问题。",
     "err.turnstile_widget.next": "请等待它自动重试，或刷新页面。",
+    "taskerr.model_unavailable": "规划器在生成你的行程时，模型停止了响应。",
+    "taskerr.model_unavailable.next": "本次尝试仍计入今天的次数。请几分钟后再试。",
+    "taskerr.agent_failed": "规划器未能完成这个行程。",
+    "taskerr.agent_failed.next": "请重试，或换一个更简单的请求。本次尝试仍计入今天的次数。",
+    "taskerr.worker_lost": "正在生成你的行程的服务器在完成前停止了运行。",
+    "taskerr.worker_lost.next": "你的行程不会被重复运行或重复计费，但本次尝试仍计入今天的次数。请用表单开始新的规划。",
+    "taskerr.input_spike": "这个请求比平常大得多，因此规划器已停止，没有向模型发送请求。",
+    "taskerr.input_spike.next": "本次尝试仍计入今天的次数。请尝试更简短的请求。",
+    "taskerr.token_rate_limited": "规划器在完成你的行程前达到了每分钟的处理上限。",
+    "taskerr.token_rate_limited.next": "本次尝试仍计入今天的次数。请等一分钟后再试。",
+    "taskerr.unknown": "规划器未能完成这个行程。",
+    "taskerr.unknown.next": "本次尝试仍计入今天的次数。请稍后重试。",
     "task.heading": "你的行程",
     "task.heading_for": "{destination} 行程",
     "task.status.queued": "状态：等待开始",
@@ -262,11 +323,12 @@ export const TABLES = {
     "step.status.unknown": "未知",
     "task.result.heading": "行程安排",
     "task.day": "第 {n} 天",
-    "task.day_title": "第 {n} 天：{title}",
+    "task.day_prefix": "第 {n} 天：",
     "task.warnings.heading": "请注意",
     "task.model": "由模型 {model} 生成。",
     "task.model_offline": "由内置演示规划器 {model} 生成（不是语言模型）。",
     "task.usage": "使用的令牌：输入 {prompt}，输出 {completion}。",
+    "task.cached": "这是为相同请求缓存的行程：没有消耗任何令牌。",
     "warn.weather_unavailable": "无法获取实时天气，因此行程按当季的常见天气安排。",
     "warn.search_unavailable": "旅行指南搜索不可用，因此行程基于一般常识。",
     "warn.fetch_failed": "部分网页无法获取，因此个别细节可能不够具体。",
@@ -327,6 +389,12 @@ export function errorKey(code) {
   return CODE.test(String(code)) && hasKey(key) && hasKey(key + '.next') ? key : 'err.unknown';
 }
 
+/** taskErrorKey returns the table key prefix for a failed task's code: "taskerr.<code>" or "taskerr.unknown". */
+export function taskErrorKey(code) {
+  const key = 'taskerr.' + code;
+  return CODE.test(String(code)) && hasKey(key) && hasKey(key + '.next') ? key : 'taskerr.unknown';
+}
+
 /** warningKey returns the table key for a result warning code, or the generic one. */
 export function warningKey(code) {
   const key = 'warn.' + code;
@@ -364,16 +432,6 @@ export function retryText(lang, seconds, now) {
   const rel = formatWait(lang, seconds);
   if (seconds < CLOCK_FROM_SECONDS) return translate(lang, 'retry.in', { rel });
   return translate(lang, 'retry.in_at', { rel, at: utcClock(now + seconds * 1000) });
-}
-
-/** parseRetryAfter reads a Retry-After header (seconds or an HTTP date) into seconds, or null. */
-export function parseRetryAfter(header, now) {
-  if (header == null) return null;
-  const value = String(header).trim();
-  if (/^\d{1,10}$/.test(value)) return Number(value);
-  const date = Date.parse(value);
-  if (Number.isNaN(date)) return null;
-  return Math.max(0, Math.ceil((date - now) / 1000));
 }
 
 /** durationKey picks the key and slots for a step duration in milliseconds. */

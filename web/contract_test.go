@@ -1,0 +1,79 @@
+package web_test
+
+import (
+	"io/fs"
+	"regexp"
+	"slices"
+	"testing"
+
+	"faregate/api/apitest"
+	"faregate/web"
+)
+
+var (
+	// `export type ErrorCode = | 'a' // comment | 'b';` in client.d.ts.
+	unionRE   = regexp.MustCompile(`(?s)export type (\w+) =(.*?);[ \t]*(?://[^\n]*)?\n`)
+	memberRE  = regexp.MustCompile(`'([A-Za-z0-9_-]+)'`)
+	commentRE = regexp.MustCompile(`//[^\n]*`)
+)
+
+// unions reads the string-literal unions of client.d.ts by name.
+func unions(t *testing.T) map[string][]string {
+	t.Helper()
+	src, err := fs.ReadFile(web.Files(), "client.d.ts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, m := range unionRE.FindAllSubmatch(src, -1) {
+		var members []string
+		for _, q := range memberRE.FindAllSubmatch(commentRE.ReplaceAll(m[2], nil), -1) {
+			members = append(members, string(q[1]))
+		}
+		out[string(m[1])] = members
+	}
+	return out
+}
+
+// TestContractCodes: the OpenAPI document, the client's types and the
+// page's messages name the same codes, so a code added in one place and
+// forgotten in another fails here.
+func TestContractCodes(t *testing.T) {
+	v, err := apitest.NewValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := fs.ReadFile(web.Files(), "messages.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := web.ParseTables(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := unions(t)
+	tests := []struct {
+		schema, union, prefix string
+	}{
+		{"ErrorCode", "ErrorCode", "err."},
+		{"TaskErrorCode", "TaskErrorCode", "taskerr."},
+		{"WarningCode", "WarningCode", "warn."},
+		{"Language", "Language", "lang.name."},
+	}
+	for _, tc := range tests {
+		t.Run(tc.schema, func(t *testing.T) {
+			doc := slices.Sorted(slices.Values(v.Enum(tc.schema)))
+			ts := slices.Sorted(slices.Values(types[tc.union]))
+			if len(doc) == 0 || !slices.Equal(doc, ts) {
+				t.Errorf("OpenAPI %s %v\nclient.d.ts %s %v", tc.schema, doc, tc.union, ts)
+			}
+			for _, code := range doc {
+				for lang, table := range tables {
+					if table[tc.prefix+code] == "" {
+						t.Errorf("%s table has no %s%s", lang, tc.prefix, code)
+					}
+				}
+			}
+		})
+	}
+}
