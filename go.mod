@@ -7,11 +7,8 @@ require (
 	github.com/caarlos0/env/v11 v11.4.2
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
-<<<<<<< HEAD
 	github.com/fsnotify/fsnotify v1.10.1
-=======
 	github.com/getkin/kin-openapi v0.153.0
->>>>>>> web
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
