@@ -120,18 +120,21 @@ type notes struct {
 	neighbourhoods, food, sights, practical []string
 }
 
-// gather picks the plan's city, the one the destination names, else the
-// guide's best match (the first hit), and collects that city's entries.
+// gather picks the plan's city and collects that city's entries. The city
+// is the one the destination names, by name or alias as the guide reads
+// them (e.g. "Lisboa", "東京"); a destination the guide does not know gets
+// general suggestions, never another city's sights.
 func gather(guides []tools.GuideResult, destination string) notes {
 	var n notes
-	dest := strings.ToLower(destination)
-	for _, g := range guides {
-		for _, h := range g.Hits {
-			if n.city == "" {
-				n.city = h.City
-			}
-			if h.City != "" && strings.Contains(dest, strings.ToLower(h.City)) {
-				n.city = h.City
+	if c, ok := guide.Default().Lookup(destination); ok {
+		n.city = c.Name
+	} else {
+		dest := strings.ToLower(destination)
+		for _, g := range guides {
+			for _, h := range g.Hits {
+				if h.City != "" && strings.Contains(dest, strings.ToLower(h.City)) {
+					n.city = h.City
+				}
 			}
 		}
 	}

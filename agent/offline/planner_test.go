@@ -196,6 +196,25 @@ func TestUnknownCity(t *testing.T) {
 	}
 }
 
+// TestCityIsTheOneAsked: the guide's best match for an unknown place is
+// some other city; the plan must not be about it. An alias is the city.
+func TestCityIsTheOneAsked(t *testing.T) {
+	out, raw := converse(t, task.Request{Destination: "Ulaanbaatar", Days: 1}, tools.Forecast{Place: "Ulaanbaatar"})
+	if !strings.Contains(out.Summary, "plan for Ulaanbaatar") || !strings.Contains(out.Summary, "general suggestions") ||
+		strings.Contains(out.Summary, "weather tool") {
+		t.Fatalf("summary %q", out.Summary)
+	}
+	for _, city := range guide.Default().Cities() {
+		if strings.Contains(raw, city) {
+			t.Fatalf("an Ulaanbaatar plan names %s:\n%s", city, raw)
+		}
+	}
+	out, _ = converse(t, task.Request{Destination: "Lisboa", Days: 1}, tools.Forecast{})
+	if !strings.Contains(out.Summary, "plan for Lisbon") {
+		t.Fatalf("alias: %q", out.Summary)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	if _, err := New().Generate(context.Background(), chat.Turn{}); !errors.Is(err, ErrNoRequest) {
 		t.Fatalf("no request: %v", err)
