@@ -1,3 +1,9 @@
+// Package agent plans trips: a Runner takes each task through a Workflow,
+// a tool-using loop on a chat.Model with budgets, a circuit breaker and
+// cut-offs, and records every step in a Store so clients can follow the
+// run. It depends on faregate's own interfaces only: the model adapters
+// (agent/openai, agent/offline), the task store (agent/taskstore) and the
+// tools are wired in by the caller.
 package agent
 
 import (
