@@ -4,77 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 
-	"github.com/tmc/langchaingo/llms"
-	"github.com/tmc/langchaingo/llms/openai"
-
+	"faregate/agent/chat"
+	"faregate/agent/task"
 	"faregate/protect/breaker"
-)
-
-// Model status values, as GET /api/config reports them.
-const (
-	ModelOK          = "ok"
-	ModelDegraded    = "degraded"
-	ModelUnavailable = "unavailable"
 )
 
 // ErrModelUnavailable: no model can take the call (primary failing or its
 // breaker open, and no fallback).
 var ErrModelUnavailable = errors.New("agent: model unavailable")
 
-// Model is one model source with the name recorded in the ledger.
+// Model is one model source with the name the ledger and the result record.
 type Model struct {
-	llms.Model
+	chat.Model
+	// Name is the model's name as the ledger and the result show it.
 	Name string
 	// Offline marks the built-in deterministic demo planner.
 	Offline bool
-	// CallOptions are added to every call (e.g. the legacy max_tokens field).
-	CallOptions []llms.CallOption
-}
-
-// OpenAIOptions configures an OpenAI-compatible model.
-type OpenAIOptions struct {
-	BaseURL, APIKey, Model string
-	LegacyMaxTokens        bool
-	HTTPClient             *http.Client
-}
-
-// NewOpenAI builds a model on any OpenAI-compatible server through
-// langchaingo's openai provider.
-func NewOpenAI(o OpenAIOptions) (Model, error) {
-	token := o.APIKey
-	if token == "" {
-		// The provider refuses an empty token even for local servers that
-		// need none; a placeholder is what they expect.
-		token = "faregate-no-key"
-	}
-	name := o.Model
-	if name == "" {
-		name = "gpt-3.5-turbo" // the provider's own default, named so the ledger says so
-	}
-	// Every call streams; the shim keeps servers that answer in one piece usable.
-	hc := &http.Client{}
-	if o.HTTPClient != nil {
-		*hc = *o.HTTPClient
-	}
-	base := hc.Transport
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	hc.Transport = streamShim{next: base}
-	opts := []openai.Option{openai.WithBaseURL(o.BaseURL), openai.WithToken(token), openai.WithModel(name), openai.WithHTTPClient(hc)}
-	m, err := openai.New(opts...)
-	if err != nil {
-		return Model{}, fmt.Errorf("agent: openai model %s: %w", o.BaseURL, err)
-	}
-	mdl := Model{Model: m, Name: name}
-	if o.LegacyMaxTokens {
-		// Ollama's /v1 and older vLLM and llama.cpp read max_tokens, not
-		// max_completion_tokens.
-		mdl.CallOptions = append(mdl.CallOptions, openai.WithLegacyMaxTokensField())
-	}
-	return mdl, nil
 }
 
 // Models routes calls to the primary model through its circuit breaker,
@@ -92,21 +38,21 @@ type Models struct {
 // fallback) or unavailable (open with no fallback).
 func (m *Models) Status() string {
 	if m.Breaker == nil {
-		return ModelOK
+		return task.ModelOK
 	}
 	switch m.Breaker.State() {
 	case breaker.Open:
 		if m.Fallback != nil {
-			return ModelDegraded
+			return task.ModelDegraded
 		}
-		return ModelUnavailable
+		return task.ModelUnavailable
 	case breaker.HalfOpen:
 		if m.Fallback != nil {
-			return ModelDegraded
+			return task.ModelDegraded
 		}
-		return ModelOK
+		return task.ModelOK
 	}
-	return ModelOK
+	return task.ModelOK
 }
 
 // Offline reports whether runs are planned by the built-in demo planner.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/tmc/langchaingo/llms"
+	"faregate/agent/task"
 )
 
 // systemPrompt tells the model its job, its tools and the answer format.
@@ -19,49 +19,37 @@ When you have enough, answer with ONLY a JSON object, no prose and no code fence
 {"summary": string, "days": [{"day": 1, "title": string, "items": [string, ...]}, ...]}
 with exactly one entry per requested day, days numbered from 1, 3 to 6 short items per day.`
 
-// requestMarker introduces the machine-readable copy of the request in the
-// user message; the offline planner reads it there.
-const requestMarker = "Request JSON: "
+// languageNames are how the prompt names the plan's language.
+var languageNames = map[string]string{
+	task.LangEnglish: "English",
+	task.LangChinese: "Simplified Chinese (zh-CN)",
+}
 
-// userPrompt is the first user message of a run.
-func userPrompt(r Request) string {
-	raw, _ := json.Marshal(r)
+// userPrompt is the first user message of a run: the request in words,
+// and the language the plan is to be written in.
+func userPrompt(r task.Request) string {
 	interests := "none in particular"
 	if len(r.Interests) > 0 {
 		interests = strings.Join(r.Interests, ", ")
 	}
-	return fmt.Sprintf("Plan %d day(s) in %s. Interests: %s.\n%s%s", r.Days, r.Destination, interests, requestMarker, raw)
+	lang, ok := languageNames[r.Lang()]
+	if !ok {
+		lang = r.Lang()
+	}
+	return fmt.Sprintf("Plan %d day(s) in %s. Interests: %s.\n"+
+		"Write the summary, the day titles and the items in %s; keep the JSON keys in English and place names as the guide gives them.",
+		r.Days, r.Destination, interests, lang)
 }
 
-// closingPrompt asks for the final answer without tools.
+// closingPrompt is added as a user message to the one call without tools
+// that ends a run after a bound was hit, so the model answers instead of
+// asking for more tools it is no longer offered.
 const closingPrompt = "Stop using tools now. From what you have, answer with ONLY the final JSON object described above."
 
 // repairPrompt asks once more after an invalid answer.
 func repairPrompt(problem string) string {
 	return "That answer was not valid: " + problem + ". Reply again with ONLY the JSON object " +
 		`{"summary": string, "days": [{"day": int, "title": string, "items": [string]}]}` + ", nothing else."
-}
-
-// requestFromMessages recovers the request from a run's user message.
-func requestFromMessages(msgs []llms.MessageContent) (Request, bool) {
-	for _, m := range msgs {
-		if m.Role != llms.ChatMessageTypeHuman {
-			continue
-		}
-		for _, p := range m.Parts {
-			tp, ok := p.(llms.TextContent)
-			if !ok {
-				continue
-			}
-			if i := strings.Index(tp.Text, requestMarker); i >= 0 {
-				var r Request
-				if json.Unmarshal([]byte(tp.Text[i+len(requestMarker):]), &r) == nil && r.Destination != "" {
-					return r, true
-				}
-			}
-		}
-	}
-	return Request{}, false
 }
 
 // Answer bounds: longer model text is cut, not refused.
@@ -76,7 +64,7 @@ var errNoJSON = errors.New("no JSON object found")
 
 // parseAnswer extracts and validates the model's final JSON answer for a
 // request of days days. It tolerates code fences and text around the object.
-func parseAnswer(text string, days int) (summary string, out []Day, err error) {
+func parseAnswer(text string, days int) (summary string, out []task.Day, err error) {
 	start := strings.Index(text, "{")
 	end := strings.LastIndex(text, "}")
 	if start < 0 || end <= start {
@@ -118,7 +106,7 @@ func parseAnswer(text string, days int) (summary string, out []Day, err error) {
 		if len(items) > maxItems {
 			items = items[:maxItems]
 		}
-		out = append(out, Day{Day: i + 1, Title: clip(strings.TrimSpace(*d.Title), maxTitle), Items: items})
+		out = append(out, task.Day{Day: i + 1, Title: clip(strings.TrimSpace(*d.Title), maxTitle), Items: items})
 	}
 	return clip(strings.TrimSpace(*raw.Summary), maxSummary), out, nil
 }
@@ -130,45 +118,4 @@ func clip(s string, n int) string {
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
-}
-
-// EstimateTokens approximates a tokenizer: about four bytes of ASCII per
-// token, one token per other code point (CJK text is roughly that). It errs
-// high for prose, which is the safe side for reservations.
-func EstimateTokens(s string) int64 {
-	var ascii, other int64
-	for _, r := range s {
-		if r < utf8.RuneSelf {
-			ascii++
-		} else {
-			other++
-		}
-	}
-	return (ascii+3)/4 + other
-}
-
-// estimatePrompt approximates the prompt tokens of a call: messages plus a
-// few tokens of framing each, plus the tool definitions when offered.
-func estimatePrompt(msgs []llms.MessageContent, tools []llms.Tool) int64 {
-	var n int64
-	for _, m := range msgs {
-		n += 4
-		for _, p := range m.Parts {
-			switch v := p.(type) {
-			case llms.TextContent:
-				n += EstimateTokens(v.Text)
-			case llms.ToolCall:
-				if v.FunctionCall != nil {
-					n += EstimateTokens(v.FunctionCall.Name) + EstimateTokens(v.FunctionCall.Arguments) + 8
-				}
-			case llms.ToolCallResponse:
-				n += EstimateTokens(v.Content) + EstimateTokens(v.Name) + 8
-			}
-		}
-	}
-	if len(tools) > 0 {
-		raw, _ := json.Marshal(tools)
-		n += EstimateTokens(string(raw))
-	}
-	return n
 }

@@ -9,15 +9,25 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/agent/task"
 )
 
 // ErrShuttingDown: the runner no longer accepts tasks.
 var ErrShuttingDown = errors.New("agent: shutting down")
 
+// Store keeps tasks and their events (agent/taskstore).
+type Store interface {
+	// Create stores a new task and its first status event.
+	Create(ctx context.Context, rec task.Record) error
+	// Save writes the task and appends events, together.
+	Save(ctx context.Context, rec task.Record, events ...task.Event) error
+}
+
 // Runner executes tasks in the background, at most Concurrency at a time,
 // moving each queued → running → succeeded/failed with a deadline.
 type Runner struct {
-	store    *Store
+	store    Store
 	workflow *Workflow
 	lg       *slog.Logger
 	sem      chan struct{}
@@ -36,7 +46,7 @@ type Runner struct {
 
 // NewRunner returns a runner. reg receives faregate_tasks_total{status}
 // and faregate_tasks_running.
-func NewRunner(store *Store, wf *Workflow, concurrency int, lg *slog.Logger, reg prometheus.Registerer) *Runner {
+func NewRunner(store Store, wf *Workflow, concurrency int, lg *slog.Logger, reg prometheus.Registerer) *Runner {
 	base, cancel := context.WithCancel(context.Background())
 	r := &Runner{
 		store: store, workflow: wf, lg: lg, sem: make(chan struct{}, concurrency), now: time.Now,
@@ -55,22 +65,22 @@ func NewRunner(store *Store, wf *Workflow, concurrency int, lg *slog.Logger, reg
 }
 
 // Create stores a new queued task for req and returns its record.
-func (r *Runner) Create(ctx context.Context, rec Record) (Record, error) {
+func (r *Runner) Create(ctx context.Context, rec task.Record) (task.Record, error) {
 	now := r.now().UTC()
-	rec.ID = NewID()
-	rec.Status = StatusQueued
+	rec.ID = task.NewID()
+	rec.Status = task.StatusQueued
 	rec.CreatedAt, rec.UpdatedAt = now, now
-	rec.Steps = []Step{}
+	rec.Steps = []task.Step{}
 	rec.Warnings = []string{}
 	if err := r.store.Create(ctx, rec); err != nil {
-		return Record{}, err
+		return task.Record{}, err
 	}
-	r.tasks.WithLabelValues(StatusQueued).Inc()
+	r.tasks.WithLabelValues(task.StatusQueued).Inc()
 	return rec, nil
 }
 
 // Launch runs rec in the background. It refuses once shutdown began.
-func (r *Runner) Launch(rec Record) error {
+func (r *Runner) Launch(rec task.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -81,14 +91,14 @@ func (r *Runner) Launch(rec Record) error {
 	return nil
 }
 
-func (r *Runner) execute(rec Record) {
+func (r *Runner) execute(rec task.Record) {
 	defer r.wg.Done()
 	lg := r.lg.With("task", rec.ID, "request_id", rec.RequestID)
 	select {
 	case r.sem <- struct{}{}:
 		defer func() { <-r.sem }()
 	case <-r.base.Done():
-		r.fail(&rec, lg, CodeAgentFailed, "the server shut down before the task could start")
+		r.fail(&rec, lg, task.CodeAgentFailed, "the server shut down before the task could start")
 		return
 	}
 	r.running.Inc()
@@ -97,15 +107,15 @@ func (r *Runner) execute(rec Record) {
 	ctx, cancel := context.WithTimeout(r.base, r.workflow.cfg.Timeout)
 	defer cancel()
 
-	rec.Status = StatusRunning
+	rec.Status = task.StatusRunning
 	rec.UpdatedAt = r.now().UTC()
-	status, _ := json.Marshal(map[string]string{"status": StatusRunning})
-	if err := r.store.Save(ctx, rec, Event{Type: EventStatus, Data: status}); err != nil {
+	status, _ := json.Marshal(map[string]string{"status": task.StatusRunning})
+	if err := r.store.Save(ctx, rec, task.Event{Type: task.EventStatus, Data: status}); err != nil {
 		lg.Warn("task start not saved", "err", err)
 	}
-	r.tasks.WithLabelValues(StatusRunning).Inc()
+	r.tasks.WithLabelValues(task.StatusRunning).Inc()
 
-	progress := func(cur *Record, events ...Event) error {
+	progress := func(cur *task.Record, events ...task.Event) error {
 		cur.UpdatedAt = r.now().UTC()
 		return r.store.Save(context.WithoutCancel(ctx), *cur, events...)
 	}
@@ -117,39 +127,39 @@ func (r *Runner) execute(rec Record) {
 		case errors.As(err, &f):
 			r.fail(&rec, lg, f.code, f.msg)
 		case r.base.Err() != nil:
-			r.fail(&rec, lg, CodeAgentFailed, "the server shut down while the task was running")
+			r.fail(&rec, lg, task.CodeAgentFailed, "the server shut down while the task was running")
 		case ctx.Err() != nil:
-			r.fail(&rec, lg, CodeAgentFailed, "the task ran out of time")
+			r.fail(&rec, lg, task.CodeAgentFailed, "the task ran out of time")
 		default:
 			lg.Error("task failed", "err", err)
-			r.fail(&rec, lg, CodeAgentFailed, "the planner failed")
+			r.fail(&rec, lg, task.CodeAgentFailed, "the planner failed")
 		}
 		return
 	}
-	rec.Status = StatusSucceeded
+	rec.Status = task.StatusSucceeded
 	r.finish(&rec, lg)
 	lg.Info("task succeeded", "duration_ms", time.Since(started).Milliseconds(),
 		"steps", len(rec.Steps), "prompt_tokens", rec.Usage.PromptTokens, "completion_tokens", rec.Usage.CompletionTokens,
 		"warnings", rec.Warnings)
 }
 
-func (r *Runner) fail(rec *Record, lg *slog.Logger, code, msg string) {
-	rec.Status = StatusFailed
+func (r *Runner) fail(rec *task.Record, lg *slog.Logger, code, msg string) {
+	rec.Status = task.StatusFailed
 	rec.Result = nil
-	rec.Error = &TaskError{Code: code, Message: msg}
+	rec.Error = &task.TaskError{Code: code, Message: msg}
 	lg.Info("task failed", "code", code, "reason", msg)
 	r.finish(rec, lg)
 }
 
 // finish saves the final record with its status and done events. It uses a
 // fresh context: the run's own may be what ended.
-func (r *Runner) finish(rec *Record, lg *slog.Logger) {
+func (r *Runner) finish(rec *task.Record, lg *slog.Logger) {
 	rec.UpdatedAt = r.now().UTC()
 	status, _ := json.Marshal(map[string]string{"status": rec.Status})
 	done, _ := json.Marshal(rec.Task)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := r.store.Save(ctx, *rec, Event{Type: EventStatus, Data: status}, Event{Type: EventDone, Data: done}); err != nil {
+	if err := r.store.Save(ctx, *rec, task.Event{Type: task.EventStatus, Data: status}, task.Event{Type: task.EventDone, Data: done}); err != nil {
 		lg.Error("final task state not saved", "status", rec.Status, "err", err)
 	}
 	r.tasks.WithLabelValues(rec.Status).Inc()

@@ -1,7 +1,12 @@
+// Package agent plans trips: a Runner takes each task through a Workflow,
+// a tool-using loop on a chat.Model with budgets, a circuit breaker and
+// cut-offs, and records every step in a Store so clients can follow the
+// run. It depends on faregate's own interfaces only: the model adapters
+// (agent/openai, agent/offline), the task store (agent/taskstore) and the
+// tools are wired in by the caller.
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,9 +17,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tmc/langchaingo/llms"
-
+	"faregate/agent/chat"
 	"faregate/agent/outbound"
+	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/budget"
 	"faregate/protect/repetition"
@@ -50,11 +55,12 @@ type Ledger interface {
 
 // Toolbox builds the tools of one task. warn receives warnings raised below
 // the tools (the outbound transport's downstream pushback).
-type Toolbox func(rec *Record, warn func(code, detail string)) []tools.Tool
+type Toolbox func(rec *task.Record, warn func(code, detail string)) []tools.Tool
 
-// Workflow plans trips with a tool-using model loop. It owns the loop
-// rather than using langchaingo's agents.Executor, which aborts on a tool
-// error, does not check the context between steps and drops token usage.
+// Workflow plans trips with a tool-using model loop on a chat.Model. It
+// owns the loop rather than using a framework's agent executor (langchaingo's
+// aborts on a tool error, does not check the context between steps and
+// drops token usage).
 type Workflow struct {
 	cfg    Config
 	models *Models
@@ -75,28 +81,24 @@ func (w *Workflow) Models() *Models { return w.models }
 // MinRunTokens is what one minimal run must be able to afford: the
 // reservation of a first model call for the largest valid request.
 func (w *Workflow) MinRunTokens() int64 {
-	req := Request{Destination: strings.Repeat("x", 80), Days: 7}
+	req := task.Request{Destination: strings.Repeat("x", 80), Days: 7, Language: task.LangChinese}
 	for i := 0; i < 5; i++ {
 		req.Interests = append(req.Interests, strings.Repeat("x", 32))
 	}
-	msgs := initialMessages(req)
-	var defs []llms.Tool
-	for _, t := range w.tools(&Record{Task: Task{Request: req}}, func(string, string) {}) {
-		defs = append(defs, t.Definition())
-	}
-	return estimatePrompt(msgs, defs) + int64(w.cfg.MaxTokens)
+	defs := tools.Definitions(w.tools(&task.Record{Task: task.Task{Request: req}}, func(string, string) {}))
+	return chat.EstimatePrompt(initialMessages(req), defs) + int64(w.cfg.MaxTokens)
 }
 
-func initialMessages(r Request) []llms.MessageContent {
-	return []llms.MessageContent{
-		llms.TextParts(llms.ChatMessageTypeSystem, systemPrompt),
-		llms.TextParts(llms.ChatMessageTypeHuman, userPrompt(r)),
+func initialMessages(r task.Request) []chat.Message {
+	return []chat.Message{
+		chat.Text(chat.RoleSystem, systemPrompt),
+		chat.Text(chat.RoleUser, userPrompt(r)),
 	}
 }
 
 // Progress receives every change of the run: the record after the change
 // and the events to publish with it.
-type Progress func(rec *Record, events ...Event) error
+type Progress func(rec *task.Record, events ...task.Event) error
 
 // failure is a run's terminal error with its task code.
 type failure struct {
@@ -109,17 +111,21 @@ func (f *failure) Error() string { return f.code + ": " + f.msg }
 // run is the state of one task's run.
 type run struct {
 	w        *Workflow
-	rec      *Record
+	rec      *task.Record
 	progress Progress
 	lg       *slog.Logger
 
-	mu        sync.Mutex // guards rec.Warnings against warnings from transport goroutines
-	msgs      []llms.MessageContent
-	tools     map[string]tools.Tool
-	defs      []llms.Tool
-	memory    map[string]*memo
-	executed  int  // tool executions
-	noTools   bool // tools withdrawn (loop, limits)
+	mu       sync.Mutex // guards rec.Warnings against warnings from transport goroutines
+	msgs     []chat.Message
+	tools    map[string]tools.Tool
+	defs     []chat.ToolDef
+	memory   map[string]*memo
+	executed int // tool executions
+	// noTools: no tools are offered at all (none configured or allowed).
+	noTools bool
+	// withdrawn: tools were offered but taken away (a loop, the tool-call
+	// bound); the run goes to its closing call.
+	withdrawn bool
 	lowPrec   bool
 	lastModel Model
 }
@@ -132,8 +138,8 @@ type memo struct {
 
 // Run executes the workflow for rec, reporting progress, and fills in
 // rec.Result, rec.Usage, rec.Warnings, or returns a *failure-like error
-// whose code is CodeAgentFailed or CodeModelUnavailable.
-func (w *Workflow) Run(ctx context.Context, rec *Record, progress Progress) error {
+// whose code is task.CodeAgentFailed or task.CodeModelUnavailable.
+func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress) error {
 	r := &run{w: w, rec: rec, progress: progress, memory: map[string]*memo{},
 		lg: w.lg.With("task", rec.ID, "request_id", rec.RequestID)}
 	r.lowPrec = rec.AITF.Degraded
@@ -142,14 +148,14 @@ func (w *Workflow) Run(ctx context.Context, rec *Record, progress Progress) erro
 		// Low-precision mode for traffic the AITF queue let through degraded:
 		// fewer steps, no page fetching, the cheaper model when there is one.
 		maxSteps = min(maxSteps, 2)
-		r.warn(WarnLowPrecision)
+		r.warn(task.WarnLowPrecision)
 	}
 	r.tools = map[string]tools.Tool{}
 	for _, t := range w.tools(rec, func(code, detail string) {
 		r.lg.Info("tool warning", "code", code, "detail", detail)
 		r.warn(code)
 	}) {
-		if r.lowPrec && t.Name() == "fetch_page" {
+		if r.lowPrec && t.Name() == tools.NameFetchPage {
 			continue
 		}
 		r.tools[t.Name()] = t
@@ -157,7 +163,7 @@ func (w *Workflow) Run(ctx context.Context, rec *Record, progress Progress) erro
 	}
 	r.msgs = initialMessages(rec.Request)
 	// With no tool calls allowed, offering tools would only invite refusals.
-	r.noTools = w.cfg.MaxToolCalls == 0
+	r.noTools = w.cfg.MaxToolCalls == 0 || len(r.defs) == 0
 
 	// The loop gets the run's time minus a reserve for the closing call, so a
 	// run that hits its wall clock still ends with an answer.
@@ -166,9 +172,12 @@ func (w *Workflow) Run(ctx context.Context, rec *Record, progress Progress) erro
 	defer cancelLoop()
 
 	for step := 0; ; step++ {
+		if r.withdrawn {
+			break // warned when the tools were taken away
+		}
 		if step >= maxSteps {
 			if !r.noTools {
-				r.warn(WarnStepLimit)
+				r.warn(task.WarnStepLimit)
 			}
 			break
 		}
@@ -176,37 +185,39 @@ func (w *Workflow) Run(ctx context.Context, rec *Record, progress Progress) erro
 			r.warnTimeIfLoop(ctx)
 			break
 		}
-		offer := !r.noTools && len(r.defs) > 0
-		choice, err := r.call(loopCtx, offer, "plan")
+		offer := !r.noTools
+		reply, err := r.call(loopCtx, offer, "plan")
 		if err != nil {
 			if errors.Is(err, errBudgetRefused) {
 				break
 			}
 			if loopCtx.Err() != nil && ctx.Err() == nil {
-				r.warn(WarnTimeLimit)
+				r.warn(task.WarnTimeLimit)
 				break
 			}
 			return err
 		}
-		if len(choice.ToolCalls) == 0 || !offer {
-			return r.finish(ctx, choice.Content)
+		if len(reply.ToolCalls) == 0 || !offer {
+			return r.finish(ctx, reply.Content)
 		}
-		r.runTools(loopCtx, choice, step+1)
+		r.runTools(loopCtx, reply, step+1)
 	}
-	// A bound was hit: one closing call without tools.
-	choice, err := r.call(ctx, false, "answer")
+	// A bound was hit: one closing call without tools, which is told so;
+	// otherwise a model would go on asking for tools it is no longer offered.
+	r.msgs = append(r.msgs, chat.Text(chat.RoleUser, closingPrompt))
+	reply, err := r.call(ctx, false, "answer")
 	if err != nil {
 		if errors.Is(err, errBudgetRefused) {
-			return &failure{CodeAgentFailed, "the token budget ran out before an answer could be written"}
+			return &failure{task.CodeAgentFailed, "the token budget ran out before an answer could be written"}
 		}
 		return err
 	}
-	return r.finish(ctx, choice.Content)
+	return r.finish(ctx, reply.Content)
 }
 
 func (r *run) warnTimeIfLoop(ctx context.Context) {
 	if ctx.Err() == nil {
-		r.warn(WarnTimeLimit)
+		r.warn(task.WarnTimeLimit)
 	}
 }
 
@@ -217,48 +228,38 @@ func (r *run) finish(ctx context.Context, text string) error {
 	if err != nil {
 		r.lg.Info("invalid answer, asking once more", "problem", err.Error())
 		r.msgs = append(r.msgs,
-			llms.TextParts(llms.ChatMessageTypeAI, text),
-			llms.TextParts(llms.ChatMessageTypeHuman, repairPrompt(err.Error())))
-		choice, cerr := r.call(ctx, false, "repair")
+			chat.Text(chat.RoleAssistant, text),
+			chat.Text(chat.RoleUser, repairPrompt(err.Error())))
+		reply, cerr := r.call(ctx, false, "repair")
 		if cerr != nil {
 			if errors.Is(cerr, errBudgetRefused) {
-				return &failure{CodeAgentFailed, "the token budget ran out before a valid answer was written"}
+				return &failure{task.CodeAgentFailed, "the token budget ran out before a valid answer was written"}
 			}
 			return cerr
 		}
-		summary, days, err = parseAnswer(choice.Content, r.rec.Request.Days)
+		summary, days, err = parseAnswer(reply.Content, r.rec.Request.Days)
 		if err != nil {
-			return &failure{CodeAgentFailed, "the model did not produce a valid itinerary: " + err.Error()}
+			return &failure{task.CodeAgentFailed, "the model did not produce a valid itinerary: " + err.Error()}
 		}
 	}
 	r.mu.Lock()
 	warnings := append([]string{}, r.rec.Warnings...)
 	r.mu.Unlock()
-	r.rec.Result = &Result{Summary: summary, Days: days, Warnings: warnings,
-		Model: r.lastModel.Name, Offline: r.lastModel.Offline}
+	r.rec.Result = &task.Result{Summary: summary, Days: days, Warnings: warnings,
+		Model: r.lastModel.Name, Offline: r.lastModel.Offline, Language: r.rec.Request.Lang()}
 	return nil
 }
 
 // runTools executes the tool calls of one model answer, in order, and
-// appends the assistant message and one tool message per call.
+// appends the assistant message and one tool message per call: the text
+// for the model, the typed data for planners that are not models.
 // depth is the model step that asked, sent downstream as X-AITF-Depth.
-func (r *run) runTools(ctx context.Context, choice *llms.ContentChoice, depth int) {
-	assistant := llms.MessageContent{Role: llms.ChatMessageTypeAI}
-	if choice.Content != "" {
-		assistant.Parts = append(assistant.Parts, llms.TextContent{Text: choice.Content})
-	}
-	for _, tc := range choice.ToolCalls {
-		assistant.Parts = append(assistant.Parts, tc)
-	}
-	r.msgs = append(r.msgs, assistant)
-	for _, tc := range choice.ToolCalls {
-		name, args := "", ""
-		if tc.FunctionCall != nil {
-			name, args = tc.FunctionCall.Name, tc.FunctionCall.Arguments
-		}
-		obs := r.toolCall(ctx, tc.ID, name, args, depth)
-		r.msgs = append(r.msgs, llms.MessageContent{Role: llms.ChatMessageTypeTool,
-			Parts: []llms.ContentPart{llms.ToolCallResponse{ToolCallID: tc.ID, Name: name, Content: obs.Text}}})
+func (r *run) runTools(ctx context.Context, reply chat.Reply, depth int) {
+	r.msgs = append(r.msgs, chat.Message{Role: chat.RoleAssistant, Content: reply.Content, ToolCalls: reply.ToolCalls})
+	for _, tc := range reply.ToolCalls {
+		obs := r.toolCall(ctx, tc.ID, tc.Name, tc.Arguments, depth)
+		r.msgs = append(r.msgs, chat.Message{Role: chat.RoleTool, ToolCallID: tc.ID, Name: tc.Name,
+			Content: obs.Text, Data: obs.Data})
 	}
 }
 
@@ -280,16 +281,16 @@ func (r *run) toolCall(ctx context.Context, id, name, args string, depth int) to
 		detail := "answered from this task's memory"
 		if m.count >= 3 {
 			// The model is looping on one call: stop offering tools.
-			r.noTools = true
-			r.warn(WarnToolLoop)
+			r.withdrawn = true
+			r.warn(task.WarnToolLoop)
 			detail = "repeated call: tools withdrawn"
 		}
 		r.endStep(st, "cached", detail)
 		return m.obs
 	}
 	if r.executed >= r.w.cfg.MaxToolCalls {
-		r.noTools = true
-		r.warn(WarnToolLimit)
+		r.withdrawn = true
+		r.warn(task.WarnToolLimit)
 		st := r.startStep("tool", name, argsDetail(args))
 		r.endStep(st, "failed", "tool-call limit reached")
 		return tools.Observation{Text: "Tool-call limit reached for this task; answer from what you have.", Failed: true}
@@ -363,7 +364,7 @@ func (r *run) warn(code string) {
 func (r *run) startStep(kind, name, detail string) *stepTimer {
 	r.mu.Lock()
 	seq := len(r.rec.Steps) + 1
-	s := Step{Seq: seq, Kind: kind, Name: name, Status: "started", Detail: detail}
+	s := task.Step{Seq: seq, Kind: kind, Name: name, Status: "started", Detail: detail}
 	r.rec.Steps = append(r.rec.Steps, s)
 	r.mu.Unlock()
 	r.publish(s)
@@ -389,9 +390,9 @@ func (r *run) endStep(st *stepTimer, status, detail string) {
 	r.publish(cp)
 }
 
-func (r *run) publish(s Step) {
+func (r *run) publish(s task.Step) {
 	data, _ := json.Marshal(s)
-	if err := r.progress(r.rec, Event{Type: EventStep, Data: data}); err != nil {
+	if err := r.progress(r.rec, task.Event{Type: task.EventStep, Data: data}); err != nil {
 		// Progress is best effort for the live view; the final save reports
 		// store failures. A run is not abandoned because one event was lost.
 		r.lg.Warn("progress not saved", "err", err)
@@ -405,19 +406,19 @@ var errBudgetRefused = errors.New("agent: token budget refused the call")
 var errCut = errors.New("agent: stream cut")
 
 // call makes one model call: reserve, stream with cut-offs, settle, record.
-func (r *run) call(ctx context.Context, offerTools bool, label string) (*llms.ContentChoice, error) {
-	var defs []llms.Tool
+func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Reply, error) {
+	var defs []chat.ToolDef
 	if offerTools {
 		defs = r.defs
 	}
-	prompt := estimatePrompt(r.msgs, defs)
+	prompt := chat.EstimatePrompt(r.msgs, defs)
 	maxTokens := int64(r.w.cfg.MaxTokens)
 
 	st := r.startStep("model", label, "")
 	// Reserve before the breaker sees the call: a budget refusal is not a
 	// provider failure and must never count towards opening it.
 	res, err := r.reserve(ctx, prompt, &maxTokens, offerTools)
-	var choice *llms.ContentChoice
+	var reply chat.Reply
 	var used Model
 	var fellBack bool
 	if err == nil {
@@ -426,56 +427,53 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (*llms.Co
 			if cur.ID == "" {
 				// A second attempt (the fallback after a failed primary) needs
 				// its own reservation; the first one was settled.
-				if cur, err = r.reserve(ctx, prompt, &maxTokens, offerTools); err != nil {
-					return err
+				var rerr error
+				if cur, rerr = r.reserve(ctx, prompt, &maxTokens, offerTools); rerr != nil {
+					return rerr
 				}
 			}
 			res = budget.Reservation{}
-			c, err := r.attempt(ctx, mdl, cur, prompt, maxTokens, defs)
-			if err != nil {
-				return err
+			rep, aerr := r.attempt(ctx, mdl, cur, prompt, maxTokens, defs)
+			if aerr != nil {
+				return aerr
 			}
-			choice = c
+			reply = rep
 			return nil
 		})
 	}
 	if err != nil {
-		status := "failed"
 		detail := "model call failed"
-		code := CodeModelUnavailable
 		var f *failure
 		switch {
 		case errors.Is(err, errBudgetRefused):
 			detail = "token budget exhausted"
-			r.warn(WarnBudgetExhausted)
+			r.warn(task.WarnBudgetExhausted)
 		case ctx.Err() != nil:
 			detail = "stopped: time limit"
 		case errors.As(err, &f):
 			detail = f.msg
 		}
-		r.endStep(st, status, detail)
+		r.endStep(st, "failed", detail)
 		if errors.Is(err, errBudgetRefused) || ctx.Err() != nil || f != nil {
-			return nil, err
+			return chat.Reply{}, err
 		}
 		r.lg.Warn("model call failed", "model", used.Name, "err", err)
-		return nil, &failure{code, "the model provider did not answer; please try again later"}
+		return chat.Reply{}, &failure{task.CodeModelUnavailable, "the model provider did not answer; please try again later"}
 	}
 	if fellBack && !r.lowPrec {
-		r.warn(WarnFallbackModel)
+		r.warn(task.WarnFallbackModel)
 	}
 	r.lastModel = used
 	detail := used.Name
-	if len(choice.ToolCalls) > 0 {
-		names := make([]string, 0, len(choice.ToolCalls))
-		for _, tc := range choice.ToolCalls {
-			if tc.FunctionCall != nil {
-				names = append(names, tc.FunctionCall.Name)
-			}
+	if len(reply.ToolCalls) > 0 {
+		names := make([]string, 0, len(reply.ToolCalls))
+		for _, tc := range reply.ToolCalls {
+			names = append(names, tc.Name)
 		}
 		detail += ": calls " + strings.Join(names, ", ")
 	}
 	r.endStep(st, "ok", detail)
-	return choice, nil
+	return reply, nil
 }
 
 // reserve books prompt + max_tokens in every budget scope. When the budget
@@ -499,91 +497,105 @@ func (r *run) reserve(ctx context.Context, prompt int64, maxTokens *int64, offer
 	}
 	// The budget store failing is not the model's fault, and spending
 	// without a reservation is not allowed: fail closed.
-	return res, &failure{CodeAgentFailed, "the token budget could not be checked; please try again later"}
+	return res, &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
 }
 
 // minClosingTokens is the smallest completion worth asking for a final answer.
 const minClosingTokens = 256
 
+// outputCap holds a call's streamed output to what its reservation covers.
+// It counts as it goes (time linear in the output, however it is chunked),
+// and it keeps exactly what it counted: a piece that does not fit whole is
+// taken up to the last code point that fits, so what is settled is what was
+// kept. Tool-call output is counted like text but not kept: a partial tool
+// call cannot be run.
+type outputCap struct {
+	limit int64 // completion tokens the reservation covers
+	count chat.Counter
+	text  strings.Builder
+}
+
+// take adds piece (reply text when keep, else tool-call output) and reports
+// whether the stream may go on: false once the limit is reached.
+func (c *outputCap) take(piece string, keep bool) bool {
+	whole := c.count
+	whole.Add(piece)
+	if whole.Tokens() <= c.limit {
+		c.count = whole
+		if keep {
+			c.text.WriteString(piece)
+		}
+		return whole.Tokens() < c.limit
+	}
+	for _, ch := range piece {
+		if c.count.With(ch) > c.limit {
+			break
+		}
+		c.count.AddRune(ch)
+		if keep {
+			c.text.WriteRune(ch)
+		}
+	}
+	return false
+}
+
 // attempt is one call on one model under reservation res, which it settles.
-func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, prompt, maxTokens int64, defs []llms.Tool) (*llms.ContentChoice, error) {
+func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, prompt, maxTokens int64, defs []chat.ToolDef) (chat.Reply, error) {
 	reserved := res.Amount
 
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var (
-		buf     bytes.Buffer
-		cut     string
-		outToks int64
-	)
+	out := &outputCap{limit: reserved - prompt}
+	var cut string
+	stop := func(why string) error {
+		cut = why
+		cancel()
+		return errCut
+	}
 	detector := repetition.New(0, 0, r.w.cfg.LoopThreshold)
-	opts := []llms.CallOption{
-		llms.WithMaxTokens(int(maxTokens)),
-		llms.WithStreamingFunc(func(_ context.Context, chunk []byte) error {
-			if prompt+EstimateTokens(buf.String()+string(chunk)) > reserved {
-				// Keep only what fits the reservation: what is kept is what
-				// is counted and settled, so the cap is exact.
-				for _, r := range string(chunk) {
-					if prompt+EstimateTokens(buf.String()+string(r)) > reserved {
-						break
-					}
-					buf.WriteRune(r)
-				}
-				outToks = EstimateTokens(buf.String())
-				cut = WarnOutputTruncated
-				cancel()
-				return errCut
-			}
-			buf.Write(chunk)
-			outToks = EstimateTokens(buf.String())
-			if prompt+outToks >= reserved {
-				cut = WarnOutputTruncated
-				cancel()
-				return errCut
-			}
-			// Tool-call deltas arrive as JSON arrays of call fragments whose
-			// framing repeats by nature; only text is checked for loops.
-			if !(len(defs) > 0 && bytes.HasPrefix(chunk, []byte("[{"))) && detector.Write(chunk) {
-				cut = WarnOutputLoop
-				cancel()
-				return errCut
-			}
+	stream := func(c chat.Chunk) error {
+		if c.ToolCall != "" && !out.take(c.ToolCall, false) {
+			return stop(task.WarnOutputTruncated)
+		}
+		if c.Text == "" {
 			return nil
-		}),
+		}
+		if !out.take(c.Text, true) {
+			return stop(task.WarnOutputTruncated)
+		}
+		// Only text is checked for loops: tool-call arguments repeat
+		// their own framing by nature.
+		if detector.Write([]byte(c.Text)) {
+			return stop(task.WarnOutputLoop)
+		}
+		return nil
 	}
-	if len(defs) > 0 {
-		opts = append(opts, llms.WithTools(defs))
-	}
-	opts = append(opts, mdl.CallOptions...)
+	turn := chat.Turn{Messages: r.msgs, Tools: defs, MaxTokens: int(maxTokens), Stream: stream, Request: &r.rec.Request}
 	start := time.Now()
-	resp, err := mdl.GenerateContent(callCtx, r.msgs, opts...)
+	reply, err := mdl.Generate(callCtx, turn)
 	latency := time.Since(start)
 
-	var choice *llms.ContentChoice
 	outcome := "ok"
+	ok := true
 	switch {
 	case cut != "":
 		// Keep the partial text; the stream was ours to stop.
 		r.warn(cut)
 		outcome = cut
-		choice = &llms.ContentChoice{Content: buf.String(), StopReason: cut}
+		reply = chat.Reply{Content: out.text.String(), StopReason: cut}
 	case err != nil:
 		outcome = "error"
-	case resp == nil || len(resp.Choices) == 0:
-		outcome = "error"
-		err = errors.New("model returned no choices")
-	default:
-		choice = resp.Choices[0]
+		ok = false
 	}
 
 	// Settle with what the provider reported, else what we counted (a
 	// failed or cut call is charged what it streamed).
-	promptUsed, completion := prompt, outToks
-	if choice != nil && cut == "" {
-		if p, c, ok := reportedUsage(choice); ok {
-			promptUsed, completion = p, c
+	promptUsed, completion := prompt, out.count.Tokens()
+	if ok && cut == "" {
+		if reply.Usage.Reported {
+			promptUsed, completion = reply.Usage.PromptTokens, reply.Usage.CompletionTokens
 		} else if completion == 0 {
-			completion = EstimateTokens(choice.Content) + toolCallTokens(choice)
+			completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
 		}
 	}
 	charged, serr := r.w.budget.Settle(context.WithoutCancel(ctx), res, promptUsed+completion)
@@ -600,46 +612,21 @@ func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, pr
 		}
 	}
 	r.lg.Debug("model call", "model", mdl.Name, "outcome", outcome, "reserved", reserved, "charged", charged, "latency_ms", latency.Milliseconds())
-	if choice == nil {
+	if !ok {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return chat.Reply{}, ctx.Err()
 		}
-		return nil, err
+		return chat.Reply{}, err
 	}
-	return choice, nil
+	return reply, nil
 }
 
-// reportedUsage reads token usage the way langchaingo's openai provider
-// reports it (and the offline model mirrors).
-func reportedUsage(c *llms.ContentChoice) (prompt, completion int64, ok bool) {
-	p, pok := asInt(c.GenerationInfo["PromptTokens"])
-	cc, cok := asInt(c.GenerationInfo["CompletionTokens"])
-	if !pok || !cok || (p == 0 && cc == 0) {
-		return 0, 0, false
-	}
-	return p, cc, true
-}
-
-func asInt(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int:
-		return int64(n), true
-	case int64:
-		return n, true
-	case int32:
-		return int64(n), true
-	case float64:
-		return int64(n), true
-	}
-	return 0, false
-}
-
-func toolCallTokens(c *llms.ContentChoice) int64 {
-	var n int64
-	for _, tc := range c.ToolCalls {
-		if tc.FunctionCall != nil {
-			n += EstimateTokens(tc.FunctionCall.Name) + EstimateTokens(tc.FunctionCall.Arguments) + 4
+// addWarning appends code once.
+func addWarning(ws []string, code string) []string {
+	for _, w := range ws {
+		if w == code {
+			return ws
 		}
 	}
-	return n
+	return append(ws, code)
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"faregate/agent"
+	"faregate/agent/task"
 )
 
 // handleTaskEvents streams a task's events as Server-Sent Events: every
@@ -19,7 +19,7 @@ func handleTaskEvents(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := chi.URLParam(r, "id")
 		if _, err := d.Store.Get(r.Context(), id); err != nil {
-			if errors.Is(err, agent.ErrNotFound) {
+			if errors.Is(err, task.ErrNotFound) {
 				writeError(w, r, CodeTaskNotFound, 0, nil)
 			} else {
 				writeError(w, r, CodeProtectionDown, 0, nil)
@@ -52,9 +52,9 @@ func handleTaskEvents(d Deps) http.Handler {
 		_ = rc.Flush()
 
 		var buf bytes.Buffer
-		err := d.Store.Follow(r.Context(), id, after, func(ev agent.Event) error {
+		err := d.Store.Follow(r.Context(), id, after, func(ev task.Event) error {
 			buf.Reset()
-			if ev.Type == agent.EventKeepAlive {
+			if ev.Type == task.EventKeepAlive {
 				buf.WriteString(": keep-alive\n\n")
 			} else {
 				fmt.Fprintf(&buf, "id: %s\nevent: %s\n", ev.ID, ev.Type)

@@ -9,7 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"faregate/agent"
+	"faregate/agent/task"
 	"faregate/protect/aitf"
 	"faregate/protect/clientip"
 	"faregate/protect/quota"
@@ -38,14 +38,14 @@ type Budget interface {
 
 // Tasks creates and launches tasks (agent.Runner).
 type Tasks interface {
-	Create(ctx context.Context, rec agent.Record) (agent.Record, error)
-	Launch(rec agent.Record) error
+	Create(ctx context.Context, rec task.Record) (task.Record, error)
+	Launch(rec task.Record) error
 }
 
-// TaskStore reads tasks and follows their events (agent.Store).
+// TaskStore reads tasks and follows their events (agent/taskstore.Store).
 type TaskStore interface {
-	Get(ctx context.Context, id string) (agent.Record, error)
-	Follow(ctx context.Context, id, after string, fn func(agent.Event) error) error
+	Get(ctx context.Context, id string) (task.Record, error)
+	Follow(ctx context.Context, id, after string, fn func(task.Event) error) error
 	Ping(ctx context.Context) error
 }
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"faregate/agent"
+	"faregate/agent/task"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
@@ -37,7 +37,7 @@ const (
 // createRequest is a validated POST /api/tasks body.
 type createRequest struct {
 	Token string
-	agent.Request
+	task.Request
 }
 
 // shapeError is a refusal of the request's shape: a code and, for 400s,
@@ -244,7 +244,7 @@ func handleCreateTask(d Deps, m *metrics) http.Handler {
 			return
 		}
 
-		if d.Models != nil && d.Models.Status() == agent.ModelUnavailable {
+		if d.Models != nil && d.Models.Status() == task.ModelUnavailable {
 			deny(w, r, CodeModelUnavailable, 0, nil)
 			return
 		}
@@ -277,9 +277,9 @@ func handleCreateTask(d Deps, m *metrics) http.Handler {
 			return
 		}
 
-		rec := agent.Record{Task: agent.Task{Request: req.Request}, Visitor: visitor.Key(), Day: day, RequestID: RequestID(r.Context())}
+		rec := task.Record{Task: task.Task{Request: req.Request}, Visitor: visitor.Key(), Day: day, RequestID: RequestID(r.Context())}
 		if res, ok := aitf.FromContext(r.Context()); ok {
-			rec.AITF = agent.AITFTrace{Score: res.Score, Vector: res.Vector[:], Degraded: res.Degraded}
+			rec.AITF = task.AITFTrace{Score: res.Score, Vector: res.Vector[:], Degraded: res.Degraded}
 		}
 		// The task must outlive the request: a client that leaves after being
 		// counted still gets its task.
@@ -339,7 +339,7 @@ func handleGetTask(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec, err := d.Store.Get(r.Context(), chi.URLParam(r, "id"))
 		switch {
-		case errors.Is(err, agent.ErrNotFound):
+		case errors.Is(err, task.ErrNotFound):
 			writeError(w, r, CodeTaskNotFound, 0, nil)
 			return
 		case err != nil:
@@ -378,7 +378,7 @@ type inputLimits struct {
 
 func handleConfig(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		status, offline := agent.ModelOK, false
+		status, offline := task.ModelOK, false
 		if d.Models != nil {
 			status, offline = d.Models.Status(), d.Models.Offline()
 		}

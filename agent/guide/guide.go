@@ -94,7 +94,11 @@ func (c City) Norm(m int) (Norm, bool) {
 type Hit struct {
 	City    string
 	Section string
-	Text    string
+	// Text is the section as one text, entries one per line.
+	Text string
+	// Entries are the section's entries one by one ("Alfama: the oldest
+	// quarter…"), for callers that use them as data rather than prose.
+	Entries []string
 	Score   float64
 }
 
@@ -128,6 +132,7 @@ type doc struct {
 	city    int
 	section string
 	text    string
+	entries []string
 	length  float64
 }
 
@@ -166,7 +171,7 @@ func New(cities []City) *Index {
 		}
 		title := c.Name + " " + c.Country + " " + strings.Join(c.Aliases, " ")
 		for _, s := range sections(c) {
-			ix.addDoc(i, s.name, title, s.text)
+			ix.addDoc(i, s, title)
 		}
 	}
 	var total float64
@@ -179,7 +184,14 @@ func New(cities []City) *Index {
 	return ix
 }
 
-type section struct{ name, text string }
+// section is one document of a city: its entries, joined by newlines for
+// search and display.
+type section struct {
+	name    string
+	entries []string
+}
+
+func (s section) text() string { return strings.Join(s.entries, "\n") }
 
 // sections splits a city into the documents search ranks; the overview
 // carries the summary and the facts a planner needs first.
@@ -198,16 +210,17 @@ func sections(c City) []section {
 			months[m], n.HighC, n.LowC, n.Condition))
 	}
 	return []section{
-		{SectionOverview, overview},
-		{SectionNeighbourhoods, strings.Join(c.Neighbourhoods, "\n")},
-		{SectionFood, strings.Join(c.Food, "\n")},
-		{SectionSights, strings.Join(c.Sights, "\n")},
-		{SectionPractical, strings.Join(c.Practical, "\n")},
-		{SectionClimate, strings.Join(climate, "\n")},
+		{SectionOverview, []string{overview}},
+		{SectionNeighbourhoods, c.Neighbourhoods},
+		{SectionFood, c.Food},
+		{SectionSights, c.Sights},
+		{SectionPractical, c.Practical},
+		{SectionClimate, climate},
 	}
 }
 
-func (ix *Index) addDoc(city int, name, title, text string) {
+func (ix *Index) addDoc(city int, s section, title string) {
+	name, text := s.name, s.text()
 	if strings.TrimSpace(text) == "" {
 		return
 	}
@@ -222,7 +235,7 @@ func (ix *Index) addDoc(city int, name, title, text string) {
 		length += titleWeight
 	}
 	id := len(ix.docs)
-	ix.docs = append(ix.docs, doc{city: city, section: name, text: text, length: length})
+	ix.docs = append(ix.docs, doc{city: city, section: name, text: text, entries: slices.Clone(s.entries), length: length})
 	for t, f := range tf {
 		ix.post[t] = append(ix.post[t], posting{doc: id, tf: f})
 	}

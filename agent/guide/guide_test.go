@@ -95,6 +95,10 @@ func TestSearchRanking(t *testing.T) {
 			if tc.wantContains != "" && !strings.Contains(hits[0].Text, tc.wantContains) {
 				t.Errorf("top text %q lacks %q", hits[0].Text, tc.wantContains)
 			}
+			// Entries are the same text, one entry each.
+			if got := strings.Join(hits[0].Entries, "\n"); got != hits[0].Text {
+				t.Errorf("entries %q do not make up the text %q", hits[0].Entries, hits[0].Text)
+			}
 			if tc.below != "" {
 				best := func(cities ...string) int {
 					for i, h := range hits {

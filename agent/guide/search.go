@@ -47,7 +47,7 @@ func (ix *Index) Search(query string, k int) []Hit {
 	hits := make([]Hit, 0, len(scores))
 	for id, s := range scores {
 		d := ix.docs[id]
-		hits = append(hits, Hit{City: ix.cities[d.city].Name, Section: d.section, Text: d.text, Score: s})
+		hits = append(hits, Hit{City: ix.cities[d.city].Name, Section: d.section, Text: d.text, Entries: slices.Clone(d.entries), Score: s})
 	}
 	// Ties are broken by city and section name so results are stable from
 	// run to run (map iteration order is not).

@@ -207,6 +207,16 @@ func (t *Transport) acquire(ctx context.Context, host string) (release func(), e
 	}, nil
 }
 
+// waiting counts the requests holding or waiting for a slot of host.
+func (t *Transport) waiting(host string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h := t.hosts[host]; h != nil {
+		return h.refs
+	}
+	return 0
+}
+
 func (t *Transport) unref(host string, h *hostSlot) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

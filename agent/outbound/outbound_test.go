@@ -463,18 +463,45 @@ func TestHostWaitRespectsContext(t *testing.T) {
 	go func() { _, _, err := get(t, r.sess.Client(), context.Background(), srv.URL+"/a"); done <- err }()
 	recv(t, arrived, "the slot holder")
 
+	// A second request queues behind the first; its task then ends.
 	ctx, cancel := context.WithCancel(context.Background())
+	queued := make(chan error, 1)
+	go func() { _, _, err := get(t, r.sess.Client(), ctx, srv.URL+"/b"); queued <- err }()
+	waitFor(t, "the second request to queue for the host", func() bool { return r.tr.waiting(srv.Listener.Addr().String()) == 2 })
 	cancel()
-	_, _, err := get(t, r.sess.Client(), ctx, srv.URL+"/b")
-	if !errors.Is(err, ErrHostWait) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("err = %v, want ErrHostWait wrapping context.Canceled", err)
+	var err error
+	select {
+	case err = <-queued:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued request did not give up with its context")
+	}
+	// The flight that queued says ErrHostWait; the caller may have left
+	// before it did. Either way it is the task's cancellation.
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := len(r.tr.hosts); n != 0 {
-		t.Fatalf("%d host slots left behind", n)
+	waitFor(t, "host slots to be released", func() bool { return r.tr.waiting(srv.Listener.Addr().String()) == 0 })
+	if n := len(arrived); n != 0 {
+		t.Fatalf("%d cancelled requests reached the server", n)
+	}
+}
+
+// waitFor polls cond until it holds, failing after a generous deadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }
 

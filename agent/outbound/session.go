@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // SessionOptions describe the task a Session serves.
@@ -43,17 +45,14 @@ type Session struct {
 	t    *Transport
 	opts SessionOptions
 
+	// flights joins callers of a request already under way.
+	flights singleflight.Group
+
 	mu     sync.Mutex
-	calls  map[string]*call
+	done   map[string]outcome // finished requests, by method and URL
 	warned map[string]bool
 
 	roundTrips, cacheHits, shared, retries atomic.Int64
-}
-
-// call is one cached request: done closes when out is final.
-type call struct {
-	done chan struct{}
-	out  outcome
 }
 
 // outcome is a finished exchange, kept as bytes so every caller can get a
@@ -74,7 +73,7 @@ type outcome struct {
 
 // Session starts the client state of one task.
 func (t *Transport) Session(o SessionOptions) *Session {
-	return &Session{t: t, opts: o, calls: make(map[string]*call), warned: make(map[string]bool)}
+	return &Session{t: t, opts: o, done: make(map[string]outcome), warned: make(map[string]bool)}
 }
 
 // Client returns an http.Client that sends through the session. It keeps
@@ -113,46 +112,58 @@ func (s *Session) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	key := req.Method + " " + req.URL.String()
 	for {
-		s.mu.Lock()
-		c, found := s.calls[key]
-		if !found {
-			c = &call{done: make(chan struct{})}
-			s.calls[key] = c
-			s.mu.Unlock()
-			c.out = s.fetch(out, true)
-			if c.out.abandoned {
+		if o, ok := s.finished(key); ok {
+			s.cacheHits.Add(1)
+			return o.response(req)
+		}
+		// Only the caller whose function runs leads; the others join its
+		// flight. led and fromCache are written by the leader's function
+		// and read after its result arrives.
+		var led, fromCache bool
+		ch := s.flights.DoChan(key, func() (any, error) {
+			// A flight that ended between the look above and this one left
+			// its outcome behind: no second request.
+			if o, ok := s.finished(key); ok {
+				fromCache = true
+				return o, nil
+			}
+			led = true
+			o := s.fetch(out, true)
+			if !o.abandoned {
 				s.mu.Lock()
-				delete(s.calls, key)
+				s.done[key] = o
 				s.mu.Unlock()
 			}
-			close(c.done)
-			return c.out.response(req)
-		}
-		s.mu.Unlock()
-
-		inFlight := false
+			return o, nil
+		})
+		var res singleflight.Result
 		select {
-		case <-c.done:
-		default:
-			inFlight = true
-			select {
-			case <-c.done:
-			case <-req.Context().Done():
-				return nil, fmt.Errorf("%w: %s %s: %w", ErrRequest, req.Method, req.URL.Host, req.Context().Err())
-			}
+		case res = <-ch:
+		case <-req.Context().Done():
+			// This caller gives up; the flight goes on for the others.
+			return nil, fmt.Errorf("%w: %s %s: %w", ErrRequest, req.Method, req.URL.Host, req.Context().Err())
 		}
-		if c.out.abandoned {
+		o := res.Val.(outcome)
+		switch {
+		case o.abandoned && !led:
 			// The leader's task gave up, not the server: try again, this
 			// time perhaps as the leader.
 			continue
-		}
-		if inFlight {
-			s.shared.Add(1)
-		} else {
+		case fromCache:
 			s.cacheHits.Add(1)
+		case !led:
+			s.shared.Add(1)
 		}
-		return c.out.response(req)
+		return o.response(req)
 	}
+}
+
+// finished returns the outcome of a request made earlier in this session.
+func (s *Session) finished(key string) (outcome, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.done[key]
+	return o, ok
 }
 
 func cacheable(method string) bool {
@@ -181,6 +192,17 @@ func (s *Session) prepare(req *http.Request) *http.Request {
 }
 
 // fetch performs req with retries when idempotent allows them.
+//
+// The loop is written here rather than taken from hashicorp/go-retryablehttp
+// (v0.7.8 was checked), because that client cannot keep this policy: its
+// wait between attempts is a fixed time.NewTimer (tests here observe the
+// waits a server asked for without spending them, through Options.Sleep);
+// its Backoff can only name a wait, not decline a retry whose wait would
+// outlast the task's deadline; and when it gives up it calls
+// CloseIdleConnections on the client, which here is the process-wide pool
+// every task shares. The per-attempt host slot, call timeout, body cap and
+// pushback warning would still have to live below it, so it would replace
+// about twenty lines and need five hooks to do it.
 func (s *Session) fetch(req *http.Request, idempotent bool) outcome {
 	ctx := req.Context()
 	retries := 0

@@ -12,8 +12,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/tmc/langchaingo/llms"
-
+	"faregate/agent/chat"
 	"faregate/agent/outbound"
 )
 
@@ -55,7 +54,7 @@ func NewFetchPage(c *http.Client) Tool {
 func (fetchPage) Name() string { return NameFetchPage }
 
 // Definition implements Tool.
-func (fetchPage) Definition() llms.Tool {
+func (fetchPage) Definition() chat.ToolDef {
 	return definition(NameFetchPage,
 		"Fetch a public web page (http or https) and return its readable text, at most 8000 characters. Use it for a URL found by web_search.",
 		"url", "an absolute http(s) URL, e.g. \"https://www.visitlisboa.com/en\"")

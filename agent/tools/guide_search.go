@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/tmc/langchaingo/llms"
-
+	"faregate/agent/chat"
 	"faregate/agent/guide"
 )
 
@@ -15,6 +14,13 @@ import (
 const guideHits = 5
 
 const maxQueryLen = 200
+
+// GuideResult is guide_search's answer as data: the query and the guide
+// sections it found, best first, each with its entries one by one.
+type GuideResult struct {
+	Query string
+	Hits  []guide.Hit
+}
 
 // guideSearch needs no client: the corpus is in the binary, so this tool
 // works even when every outbound dependency is down.
@@ -33,7 +39,7 @@ func (guideSearch) Name() string { return NameGuideSearch }
 
 // Definition implements Tool; it lists the covered cities so the model
 // knows when the guide can answer and when to search the web instead.
-func (g guideSearch) Definition() llms.Tool {
+func (g guideSearch) Definition() chat.ToolDef {
 	return definition(NameGuideSearch,
 		"Search the built-in travel guide (offline, always available) for neighbourhoods, food, sights, practical tips and monthly climate of these cities: "+
 			strings.Join(g.ix.Cities(), ", ")+". Put the city name in the query.",
@@ -47,14 +53,15 @@ func (g guideSearch) Call(_ context.Context, args string) Observation {
 		return badArgs(NameGuideSearch, "query", `{"query": "Lisbon food"}`, maxQueryLen)
 	}
 	hits := g.ix.Search(q, guideHits)
+	data := GuideResult{Query: q, Hits: hits}
 	if len(hits) == 0 {
 		return Observation{Text: fmt.Sprintf("The guide has nothing matching %q. It covers: %s.",
-			q, strings.Join(g.ix.Cities(), ", "))}
+			q, strings.Join(g.ix.Cities(), ", ")), Data: data}
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "Guide results for %q:\n", q)
 	for _, h := range hits {
 		fmt.Fprintf(&b, "\n[%s — %s]\n%s\n", h.City, h.Section, h.Text)
 	}
-	return Observation{Text: strings.TrimRight(b.String(), "\n")}
+	return Observation{Text: strings.TrimRight(b.String(), "\n"), Data: data}
 }

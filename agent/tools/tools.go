@@ -19,8 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/tmc/langchaingo/llms"
-
+	"faregate/agent/chat"
 	"faregate/agent/guide"
 )
 
@@ -54,6 +53,9 @@ type Observation struct {
 	// Warning is "", WarnWeather, WarnSearch or WarnFetch: a task warning
 	// for the operator, set only when a dependency let the task down.
 	Warning string
+	// Data is the result as typed values (GuideResult, Forecast) for
+	// planners that are not language models; nil when the tool has none.
+	Data any
 }
 
 // Tool is one function the model may call.
@@ -61,7 +63,7 @@ type Tool interface {
 	// Name is the function name the model uses.
 	Name() string
 	// Definition describes the function and its JSON arguments to the model.
-	Definition() llms.Tool
+	Definition() chat.ToolDef
 	// Call runs the tool with the model's JSON argument string. It never
 	// panics and never returns an error: failures are observations.
 	Call(ctx context.Context, args string) Observation
@@ -115,9 +117,9 @@ func All(api, fetch *http.Client, cfg Config) []Tool {
 	return out
 }
 
-// Definitions lists the llms.Tool descriptions of ts, for llms.WithTools.
-func Definitions(ts []Tool) []llms.Tool {
-	out := make([]llms.Tool, 0, len(ts))
+// Definitions lists the descriptions of ts, to offer them in a chat.Turn.
+func Definitions(ts []Tool) []chat.ToolDef {
+	out := make([]chat.ToolDef, 0, len(ts))
 	for _, t := range ts {
 		out = append(out, t.Definition())
 	}
@@ -125,20 +127,17 @@ func Definitions(ts []Tool) []llms.Tool {
 }
 
 // definition builds a function tool with one required string argument.
-func definition(name, description, arg, argDescription string) llms.Tool {
-	return llms.Tool{
-		Type: "function",
-		Function: &llms.FunctionDefinition{
-			Name:        name,
-			Description: description,
-			Parameters: map[string]any{
-				"type": "object",
-				"properties": map[string]any{
-					arg: map[string]any{"type": "string", "description": argDescription},
-				},
-				"required":             []string{arg},
-				"additionalProperties": false,
+func definition(name, description, arg, argDescription string) chat.ToolDef {
+	return chat.ToolDef{
+		Name:        name,
+		Description: description,
+		Parameters: map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				arg: map[string]any{"type": "string", "description": argDescription},
 			},
+			"required":             []string{arg},
+			"additionalProperties": false,
 		},
 	}
 }

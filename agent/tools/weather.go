@@ -12,8 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tmc/langchaingo/llms"
-
+	"faregate/agent/chat"
 	"faregate/agent/guide"
 )
 
@@ -44,11 +43,77 @@ func NewWeather(c *http.Client, cfg Config) Tool {
 func (weather) Name() string { return NameWeather }
 
 // Definition implements Tool.
-func (weather) Definition() llms.Tool {
+func (weather) Definition() chat.ToolDef {
 	return definition(NameWeather,
 		"Get the daily weather forecast (next 7 days: high/low °C, chance of rain, conditions) for a city. "+
 			"If the live forecast is down it returns the seasonal norms for the current month instead.",
 		"location", "a city name, optionally with its country, e.g. \"Lisbon\" or \"Porto, Portugal\"")
+}
+
+// Forecast is the weather tool's answer as data.
+type Forecast struct {
+	// Place is the place the answer is for, as the model is told it
+	// ("Lisbon, Portugal").
+	Place string
+	// Days is the live daily forecast, first day first; empty when it was
+	// unavailable.
+	Days []ForecastDay
+	// Norm is the seasonal norm given instead of an unavailable forecast,
+	// when the guide knows the place; nil otherwise.
+	Norm *SeasonalNorm
+}
+
+// ForecastDay is one day of a forecast.
+type ForecastDay struct {
+	// Date is the day as the API sent it, YYYY-MM-DD.
+	Date        string
+	HighC, LowC float64
+	// RainChance is the highest chance of rain in percent; nil when unknown.
+	RainChance *float64
+	// Code is the WMO weather interpretation code; nil when unknown.
+	Code *int
+}
+
+// Label is the day as people write it ("Sat 15 Aug"), or Date as sent
+// when it is not a date.
+func (d ForecastDay) Label() string {
+	if t, err := time.Parse(time.DateOnly, d.Date); err == nil {
+		return t.Format("Mon 2 Jan")
+	}
+	return d.Date
+}
+
+// Condition describes Code in English ("light rain"), "" when unknown.
+func (d ForecastDay) Condition() string {
+	if d.Code == nil {
+		return ""
+	}
+	return wmoCode(*d.Code)
+}
+
+// String is the day's forecast line as the model reads it.
+func (d ForecastDay) String() string {
+	line := fmt.Sprintf("%s: high %.0f °C, low %.0f °C", d.Label(), d.HighC, d.LowC)
+	if d.RainChance != nil {
+		line += fmt.Sprintf(", rain chance %.0f%%", *d.RainChance)
+	}
+	if c := d.Condition(); c != "" {
+		line += ", " + c
+	}
+	return line
+}
+
+// SeasonalNorm is a city's climate norm for the month at the destination.
+type SeasonalNorm struct {
+	City  string
+	Month int // 1–12
+	guide.Norm
+}
+
+// String is the norm as the model reads it.
+func (n SeasonalNorm) String() string {
+	return fmt.Sprintf("Live forecast unavailable; seasonal norms for %s in %s: high %.0f °C, low %.0f °C, usually %s.",
+		n.City, guide.MonthName(n.Month), n.HighC, n.LowC, n.Condition)
 }
 
 // place is a resolved location.
@@ -82,9 +147,9 @@ func (w weather) Call(ctx context.Context, args string) Observation {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Forecast for %s (%.2f, %.2f), next %d days:\n", p.label, p.lat, p.lon, len(days))
 	for _, d := range days {
-		b.WriteString(d + "\n")
+		b.WriteString(d.String() + "\n")
 	}
-	return Observation{Text: strings.TrimRight(b.String(), "\n")}
+	return Observation{Text: strings.TrimRight(b.String(), "\n"), Data: Forecast{Place: p.label, Days: days}}
 }
 
 // unavailable degrades to seasonal norms when the guide knows the place.
@@ -92,6 +157,7 @@ func (w weather) unavailable(p place) Observation {
 	o := Observation{Failed: true, Warning: WarnWeather}
 	if p.city == nil {
 		o.Text = fmt.Sprintf("Live forecast unavailable for %s, and the guide has no seasonal norms for it.", p.label)
+		o.Data = Forecast{Place: p.label}
 		return o
 	}
 	// The month is the destination's, not the server's: on 31 January in
@@ -101,8 +167,9 @@ func (w weather) unavailable(p place) Observation {
 		m = int(w.cfg.Now().In(loc).Month())
 	}
 	n, _ := p.city.Norm(m)
-	o.Text = fmt.Sprintf("Live forecast unavailable; seasonal norms for %s in %s: high %.0f °C, low %.0f °C, usually %s.",
-		p.city.Name, guide.MonthName(m), n.HighC, n.LowC, n.Condition)
+	norm := SeasonalNorm{City: p.city.Name, Month: m, Norm: n}
+	o.Text = norm.String()
+	o.Data = Forecast{Place: p.label, Norm: &norm}
 	return o
 }
 
@@ -147,10 +214,10 @@ func (w weather) locate(ctx context.Context, loc string) (place, bool, error) {
 	return place{label: label, lat: r.Latitude, lon: r.Longitude}, true, nil
 }
 
-// forecast fetches and renders the daily forecast, one line per day. The
-// query is built from sorted parameters, so the same place always yields
-// the same URL and the session cache can answer repeated calls.
-func (w weather) forecast(ctx context.Context, p place) ([]string, error) {
+// forecast fetches the daily forecast. The query is built from sorted
+// parameters, so the same place always yields the same URL and the session
+// cache can answer repeated calls.
+func (w weather) forecast(ctx context.Context, p place) ([]ForecastDay, error) {
 	q := url.Values{
 		"latitude":      {strconv.FormatFloat(p.lat, 'f', 4, 64)},
 		"longitude":     {strconv.FormatFloat(p.lon, 'f', 4, 64)},
@@ -171,7 +238,7 @@ func (w weather) forecast(ctx context.Context, p place) ([]string, error) {
 		return nil, err
 	}
 	d := fc.Daily
-	var lines []string
+	var days []ForecastDay
 	for i, day := range d.Time {
 		// Open-Meteo sends null for values it lacks; a day without both
 		// temperatures is left out rather than shown as 0 °C.
@@ -179,25 +246,17 @@ func (w weather) forecast(ctx context.Context, p place) ([]string, error) {
 		if hi == nil || lo == nil {
 			continue
 		}
-		label := day
-		if t, err := time.Parse(time.DateOnly, day); err == nil {
-			label = t.Format("Mon 2 Jan")
-		}
-		line := fmt.Sprintf("%s: high %.0f °C, low %.0f °C", label, *hi, *lo)
-		if pr := at(d.Precip, i); pr != nil {
-			line += fmt.Sprintf(", rain chance %.0f%%", *pr)
-		}
+		fd := ForecastDay{Date: day, HighC: *hi, LowC: *lo, RainChance: at(d.Precip, i)}
 		if c := at(d.Code, i); c != nil {
-			if desc := wmoCode(int(*c)); desc != "" {
-				line += ", " + desc
-			}
+			code := int(*c)
+			fd.Code = &code
 		}
-		lines = append(lines, line)
+		days = append(days, fd)
 	}
-	if len(lines) == 0 {
+	if len(days) == 0 {
 		return nil, fmt.Errorf("%w: forecast without daily temperatures", ErrUpstream)
 	}
-	return lines, nil
+	return days, nil
 }
 
 // at returns xs[i], or nil when the array is shorter than the time axis.

@@ -45,6 +45,15 @@ func TestWeatherFromCorpusCoordinates(t *testing.T) {
 		if strings.Contains(obs.Text, "16 Aug") {
 			t.Errorf("incomplete day rendered:\n%s", obs.Text)
 		}
+		// The same answer as data, for planners that do not read prose.
+		fc, ok := obs.Data.(Forecast)
+		if !ok || fc.Place != "Lisbon, Portugal" || fc.Norm != nil || len(fc.Days) != 1 {
+			t.Fatalf("data %+v", obs.Data)
+		}
+		if d := fc.Days[0]; d.Date != "2026-08-15" || d.HighC != 27.4 || d.LowC != 18.2 ||
+			d.RainChance == nil || *d.RainChance != 10 || d.Code == nil || *d.Code != 0 || !strings.Contains(obs.Text, d.String()) {
+			t.Errorf("day %+v (%s)", d, d)
+		}
 	}
 	if fcHits.hits.Load() != 1 || geoHits.hits.Load() != 0 {
 		t.Fatalf("forecast hits %d (want 1), geocoding hits %d (want 0)", fcHits.hits.Load(), geoHits.hits.Load())
@@ -174,6 +183,15 @@ func TestWeatherDegrades(t *testing.T) {
 			if !strings.Contains(obs.Text, tc.wantText) {
 				t.Errorf("text %q, want %q", obs.Text, tc.wantText)
 			}
+			// The data carries the norm the text quotes, or none.
+			fc, ok := obs.Data.(Forecast)
+			if !ok || len(fc.Days) != 0 {
+				t.Fatalf("data %+v", obs.Data)
+			}
+			if quotes := strings.Contains(obs.Text, "; seasonal norms for"); quotes != (fc.Norm != nil) ||
+				(fc.Norm != nil && (fc.Norm.Month != 8 || !strings.Contains(obs.Text, fc.Norm.String()))) {
+				t.Errorf("norm %+v for text %q", fc.Norm, obs.Text)
+			}
 			if hits != nil && tc.wantHits >= 0 {
 				if h := hits.hits.Load(); h != tc.wantHits || h > tc.maxHits {
 					t.Errorf("forecast server saw %d requests, want %d (at most %d)", h, tc.wantHits, tc.maxHits)
@@ -248,14 +266,13 @@ func TestDefinitions(t *testing.T) {
 			defs := Definitions(All(sess.Client(), fetch, tc.cfg))
 			var names []string
 			for _, d := range defs {
-				if d.Type != "function" || d.Function == nil || d.Function.Description == "" {
+				if d.Name == "" || d.Description == "" {
 					t.Fatalf("bad definition %+v", d)
 				}
-				params := d.Function.Parameters.(map[string]any)
-				if req := params["required"].([]string); len(req) != 1 {
-					t.Fatalf("%s: required %v", d.Function.Name, req)
+				if req := d.Parameters["required"].([]string); len(req) != 1 {
+					t.Fatalf("%s: required %v", d.Name, req)
 				}
-				names = append(names, d.Function.Name)
+				names = append(names, d.Name)
 			}
 			if !slices.Equal(names, tc.wantNames) {
 				t.Fatalf("tools %v, want %v", names, tc.wantNames)
@@ -278,6 +295,16 @@ func TestGuideSearchTool(t *testing.T) {
 			obs := tool.Call(context.Background(), args("query", tc.query))
 			if obs.Failed || obs.Warning != "" || !strings.Contains(obs.Text, tc.want) {
 				t.Fatalf("%+v", obs)
+			}
+			// Every hit the text shows is in the data, entries included.
+			res, ok := obs.Data.(GuideResult)
+			if !ok || res.Query != tc.query {
+				t.Fatalf("data %+v", obs.Data)
+			}
+			for _, h := range res.Hits {
+				if len(h.Entries) == 0 || !strings.Contains(obs.Text, "["+h.City+" — "+h.Section+"]\n"+h.Entries[0]) {
+					t.Errorf("hit %s/%s with entries %q not in the text", h.City, h.Section, h.Entries)
+				}
 			}
 		})
 	}

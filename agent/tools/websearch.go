@@ -7,7 +7,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/tmc/langchaingo/llms"
+	"faregate/agent/chat"
 )
 
 // searchResults is how many results web_search shows the model.
@@ -32,7 +32,7 @@ func NewWebSearch(c *http.Client, cfg Config) Tool {
 func (webSearch) Name() string { return NameWebSearch }
 
 // Definition implements Tool.
-func (webSearch) Definition() llms.Tool {
+func (webSearch) Definition() chat.ToolDef {
 	return definition(NameWebSearch,
 		"Search the web for current information the built-in guide lacks (events, opening hours, recent news). Returns titles, URLs and snippets of the top results.",
 		"query", "search words, e.g. \"Lisbon events September 2026\"")

@@ -403,7 +403,7 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		}
 		// Recovery: the primary answers again; after OpenFor a probe closes it.
 		mode.Store("ok")
-		time.Sleep(800 * time.Millisecond) // the breaker's own clock: OpenFor must pass
+		waitHalfOpen(t, s)
 		task = waitTask(t, s.URL, create(s).Body["id"].(string))
 		if res := task["result"].(map[string]any); res["model"] != "gpt-3.5-turbo" {
 			t.Fatalf("after recovery the task ran on %v", res["model"])
@@ -437,12 +437,33 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		}
 		// The refusal counted nothing: 3 admitted so far, so 96 remain after the next admission.
 		mode.Store("ok")
-		time.Sleep(800 * time.Millisecond)
+		waitHalfOpen(t, s)
 		r = create(s)
 		if r.Status != 202 || r.Body["quota"].(map[string]any)["ip_remaining"] != 96.0 {
 			t.Fatalf("after recovery: %d %s", r.Status, r.Raw)
 		}
 	})
+}
+
+// waitHalfOpen polls until the primary's breaker has let OpenFor pass and
+// is half-open, ready to admit a probe: /api/config asks the breaker its
+// state (which is when it moves on from open), /metrics shows the state.
+func waitHalfOpen(t *testing.T, s *server) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		do(t, "GET", s.URL+"/api/config", "", nil)
+		if strings.Contains(string(do(t, "GET", s.URL+"/metrics", "", nil).Raw), `faregate_breaker_state{name="primary"} 1`) {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatal("the breaker did not become half-open within 10s")
+		}
+	}
 }
 
 // TestServerThatIgnoresStreaming: a server answering stream requests with

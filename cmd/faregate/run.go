@@ -18,7 +18,11 @@ import (
 
 	"faregate/agent"
 	"faregate/agent/guide"
+	"faregate/agent/offline"
+	"faregate/agent/openai"
 	"faregate/agent/outbound"
+	"faregate/agent/task"
+	"faregate/agent/taskstore"
 	"faregate/agent/tools"
 	"faregate/api"
 	"faregate/protect/aitf"
@@ -145,7 +149,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 		MaxSteps: cfg.AgentMaxSteps, MaxToolCalls: cfg.AgentMaxToolCalls, Timeout: cfg.AgentTimeout,
 		MaxTokens: cfg.LLMMaxTokens, LoopThreshold: cfg.LoopThreshold,
 	}, models, bud, ledger, toolbox, lg)
-	store := agent.NewStore(rdb)
+	store := taskstore.New(rdb)
 	a.runner = agent.NewRunner(store, wf, cfg.AgentConcurrency, lg, reg)
 
 	mode, err := aitf.ParseMode(cfg.AITFMode)
@@ -271,14 +275,14 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer) (*agen
 	httpClient := &http.Client{Timeout: cfg.LLMTimeout}
 	var ms agent.Models
 	if cfg.LLMBaseURL == "" {
-		ms.Primary = agent.NewOffline()
+		ms.Primary = agent.Model{Model: offline.New(), Name: offline.ModelName, Offline: true}
 	} else {
-		m, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel,
+		m, err := openai.New(openai.Options{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel,
 			LegacyMaxTokens: cfg.LLMLegacyMaxTokens, HTTPClient: httpClient})
 		if err != nil {
 			return nil, err
 		}
-		ms.Primary = m
+		ms.Primary = agent.Model{Model: m, Name: m.Name()}
 		ms.Breaker = breaker.New(breaker.Settings{
 			Name: "primary", Window: cfg.BreakerWindow, MinCalls: cfg.BreakerMinCalls,
 			FailureRatio: cfg.BreakerFailureRatio, SlowRatio: cfg.BreakerSlowRatio, SlowCall: cfg.BreakerSlowCall,
@@ -286,12 +290,12 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer) (*agen
 		}, lg, reg)
 	}
 	if cfg.FallbackBaseURL != "" {
-		fb, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey,
+		fb, err := openai.New(openai.Options{BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey,
 			Model: cfg.FallbackModel, LegacyMaxTokens: cfg.LLMLegacyMaxTokens, HTTPClient: httpClient})
 		if err != nil {
 			return nil, err
 		}
-		ms.Fallback = &fb
+		ms.Fallback = &agent.Model{Model: fb, Name: fb.Name()}
 	}
 	return &ms, nil
 }
@@ -305,7 +309,7 @@ func buildToolbox(cfg *config, ix *guide.Index, lg *slog.Logger) agent.Toolbox {
 	pages := outbound.New(outbound.Options{Version: version, PublicURL: cfg.PublicURL, Logger: lg,
 		Base: tools.SafeTransport(tools.Policy{})})
 	tcfg := tools.Config{WeatherURL: cfg.WeatherURL, GeocodingURL: cfg.GeocodingURL, SearchURL: cfg.SearchURL, Guide: ix}
-	return func(rec *agent.Record, warn func(code, detail string)) []tools.Tool {
+	return func(rec *task.Record, warn func(code, detail string)) []tools.Tool {
 		so := outbound.SessionOptions{Score: rec.AITF.Score, HasScore: rec.AITF.Score > 0, Warn: warn}
 		return tools.All(apis.Session(so).Client(), pages.Session(so).Client(), tcfg)
 	}

@@ -1,11 +1,13 @@
-// Package agent plans trips: it stores tasks in Redis, runs each one in the
-// background through a tool-using workflow on a langchaingo llms.Model, and
-// records every step so clients can follow the run live from any replica.
-package agent
+// Package task holds what faregate knows about a trip-planning task: the
+// request, the steps of its run, its result, its events and the stable codes
+// clients see. It has no dependencies, so the API, the task store and the
+// workflow can share it without importing each other.
+package task
 
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"strings"
 	"time"
@@ -42,11 +44,36 @@ const (
 	WarnFallbackModel      = "fallback_model"
 )
 
+// Model status values, as GET /api/config reports them.
+const (
+	ModelOK          = "ok"
+	ModelDegraded    = "degraded"
+	ModelUnavailable = "unavailable"
+)
+
+// Languages a plan can be written in (BCP 47 tags, as the page's lang
+// attribute takes them).
+const (
+	LangEnglish = "en"
+	LangChinese = "zh-CN"
+)
+
 // Request is what the visitor asked for, already validated by the API.
 type Request struct {
 	Destination string   `json:"destination"`
 	Days        int      `json:"days"`
 	Interests   []string `json:"interests"`
+	// Language is the language the plan is to be written in: LangEnglish
+	// or LangChinese; empty means LangEnglish.
+	Language string `json:"language"`
+}
+
+// Lang is the request's language with the default applied.
+func (r Request) Lang() string {
+	if r.Language == "" {
+		return LangEnglish
+	}
+	return r.Language
 }
 
 // Step is one model call or tool call of a run.
@@ -75,6 +102,9 @@ type Result struct {
 	// deterministic demo planner, so no one mistakes it for an LLM.
 	Model   string `json:"model"`
 	Offline bool   `json:"offline"`
+	// Language is the language the plan is written in, so the page can
+	// mark it with a lang attribute.
+	Language string `json:"language"`
 }
 
 // Usage is the tokens the run's model calls consumed.
@@ -123,11 +153,23 @@ type AITFTrace struct {
 	Degraded bool      `json:"degraded"`
 }
 
-// ErrNotFound: no such task (or a malformed id, which cannot exist).
-var ErrNotFound = errors.New("agent: task not found")
+// Event types on a task's stream and over SSE.
+const (
+	EventStep      = "step"
+	EventStatus    = "status"
+	EventDone      = "done"
+	EventKeepAlive = "keepalive" // never stored: produced while following
+)
 
-// ErrUnavailable: the task store (Redis) failed.
-var ErrUnavailable = errors.New("agent: store unavailable")
+// Event is one entry of a task's event stream.
+type Event struct {
+	ID   string // the store's id of the event, used as the SSE id for Last-Event-ID
+	Type string
+	Data json.RawMessage
+}
+
+// ErrNotFound: no such task (or a malformed id, which cannot exist).
+var ErrNotFound = errors.New("task: not found")
 
 // NewID returns "t_" and 32 hex digits: 128 random bits, unguessable.
 func NewID() string {
@@ -135,13 +177,13 @@ func NewID() string {
 	if _, err := rand.Read(b[:]); err != nil {
 		// crypto/rand does not fail on supported platforms; a predictable id
 		// would be worse than stopping.
-		panic("agent: crypto/rand: " + err.Error())
+		panic("task: crypto/rand: " + err.Error())
 	}
 	return "t_" + hex.EncodeToString(b[:])
 }
 
 // ValidID reports whether id has NewID's shape, so malformed ids are
-// answered without touching Redis.
+// answered without touching a store.
 func ValidID(id string) bool {
 	if len(id) != 34 || !strings.HasPrefix(id, "t_") {
 		return false
@@ -152,14 +194,4 @@ func ValidID(id string) bool {
 		}
 	}
 	return true
-}
-
-// addWarning appends code once.
-func addWarning(ws []string, code string) []string {
-	for _, w := range ws {
-		if w == code {
-			return ws
-		}
-	}
-	return append(ws, code)
 }

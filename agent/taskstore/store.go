@@ -1,4 +1,7 @@
-package agent
+// Package taskstore keeps tasks and their event streams in Redis, so every
+// replica can answer for any task and clients can follow a run live from
+// any of them.
+package taskstore
 
 import (
 	"context"
@@ -8,28 +11,18 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"faregate/agent/task"
 )
+
+// ErrUnavailable: the task store (Redis) failed.
+var ErrUnavailable = errors.New("taskstore: unavailable")
 
 // TaskTTL is how long a task and its events are kept.
 const TaskTTL = 7 * 24 * time.Hour
 
 // streamMaxLen caps a task's event stream; a run has a few dozen events.
 const streamMaxLen = 1000
-
-// Event types on a task's stream and over SSE.
-const (
-	EventStep      = "step"
-	EventStatus    = "status"
-	EventDone      = "done"
-	EventKeepAlive = "keepalive" // never stored: produced while following
-)
-
-// Event is one entry of a task's event stream.
-type Event struct {
-	ID   string // Redis stream id, used as the SSE id for Last-Event-ID
-	Type string
-	Data json.RawMessage
-}
 
 // Store keeps tasks as JSON strings and their events as Redis Streams.
 // Both keys of a task share the {id} hash tag, so one MULTI updates them
@@ -42,8 +35,8 @@ type Store struct {
 	KeepAlive time.Duration
 }
 
-// NewStore returns a Store on rdb.
-func NewStore(rdb redis.Cmdable) *Store {
+// New returns a Store on rdb.
+func New(rdb redis.Cmdable) *Store {
 	return &Store{rdb: rdb, Poll: 200 * time.Millisecond, KeepAlive: 15 * time.Second}
 }
 
@@ -52,15 +45,15 @@ func eventsKey(id string) string { return "faregate:task:{" + id + "}:events" }
 
 // Create stores a new task and its first status event. Ids carry 128
 // random bits; SETNX still guarantees an existing task is never overwritten.
-func (s *Store) Create(ctx context.Context, rec Record) error {
+func (s *Store) Create(ctx context.Context, rec task.Record) error {
 	body, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("agent: encode task: %w", err)
+		return fmt.Errorf("taskstore: encode task: %w", err)
 	}
 	status, _ := json.Marshal(map[string]string{"status": rec.Status})
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.SetNX(ctx, taskKey(rec.ID), body, TaskTTL)
-		s.addEvent(ctx, p, rec.ID, EventStatus, status)
+		s.addEvent(ctx, p, rec.ID, task.EventStatus, status)
 		return nil
 	})
 	if err != nil {
@@ -70,10 +63,10 @@ func (s *Store) Create(ctx context.Context, rec Record) error {
 }
 
 // Save writes the task and appends events in one transaction.
-func (s *Store) Save(ctx context.Context, rec Record, events ...Event) error {
+func (s *Store) Save(ctx context.Context, rec task.Record, events ...task.Event) error {
 	body, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("agent: encode task: %w", err)
+		return fmt.Errorf("taskstore: encode task: %w", err)
 	}
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, taskKey(rec.ID), body, TaskTTL)
@@ -99,29 +92,29 @@ func (s *Store) addEvent(ctx context.Context, p redis.Pipeliner, id, typ string,
 }
 
 // Get loads a task.
-func (s *Store) Get(ctx context.Context, id string) (Record, error) {
-	if !ValidID(id) {
-		return Record{}, ErrNotFound
+func (s *Store) Get(ctx context.Context, id string) (task.Record, error) {
+	if !task.ValidID(id) {
+		return task.Record{}, task.ErrNotFound
 	}
 	raw, err := s.rdb.Get(ctx, taskKey(id)).Bytes()
 	if errors.Is(err, redis.Nil) {
-		return Record{}, ErrNotFound
+		return task.Record{}, task.ErrNotFound
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return task.Record{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	var rec Record
+	var rec task.Record
 	if err := json.Unmarshal(raw, &rec); err != nil {
-		return Record{}, fmt.Errorf("agent: decode task %s: %w", id, err)
+		return task.Record{}, fmt.Errorf("taskstore: decode task %s: %w", id, err)
 	}
 	return rec, nil
 }
 
 // Follow replays the task's events after the stream id after ("" = from the
 // first one) and then follows new ones until the done event, calling fn for
-// each (and with EventKeepAlive while idle). It returns nil after done,
+// each (and with task.EventKeepAlive while idle). It returns nil after done,
 // ctx.Err() when the client leaves, or fn's error.
-func (s *Store) Follow(ctx context.Context, id, after string, fn func(Event) error) error {
+func (s *Store) Follow(ctx context.Context, id, after string, fn func(task.Event) error) error {
 	if _, err := s.Get(ctx, id); err != nil {
 		return err
 	}
@@ -146,10 +139,10 @@ func (s *Store) Follow(ctx context.Context, id, after string, fn func(Event) err
 				last = m.ID
 				typ, _ := m.Values["type"].(string)
 				data, _ := m.Values["data"].(string)
-				if err := fn(Event{ID: m.ID, Type: typ, Data: json.RawMessage(data)}); err != nil {
+				if err := fn(task.Event{ID: m.ID, Type: typ, Data: json.RawMessage(data)}); err != nil {
 					return err
 				}
-				if typ == EventDone {
+				if typ == task.EventDone {
 					return nil
 				}
 			}
@@ -170,11 +163,11 @@ func (s *Store) Follow(ctx context.Context, id, after string, fn func(Event) err
 				continue
 			}
 			data, _ := json.Marshal(rec.Task)
-			return fn(Event{ID: last, Type: EventDone, Data: data})
+			return fn(task.Event{ID: last, Type: task.EventDone, Data: data})
 		}
 		if time.Since(idleSince) >= s.KeepAlive {
 			idleSince = time.Now()
-			if err := fn(Event{Type: EventKeepAlive}); err != nil {
+			if err := fn(task.Event{Type: task.EventKeepAlive}); err != nil {
 				return err
 			}
 		}

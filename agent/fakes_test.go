@@ -1,0 +1,298 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"faregate/agent/chat"
+	"faregate/agent/task"
+	"faregate/agent/tools"
+	"faregate/protect/budget"
+)
+
+// Fakes in the style of wtf's mock package: each behaviour is a function
+// field a test sets, and each fake records what it was asked.
+
+// fakeModel is a chat.Model.
+type fakeModel struct {
+	// GenerateFn answers call number n (1-based).
+	GenerateFn func(ctx context.Context, n int, t chat.Turn) (chat.Reply, error)
+
+	mu    sync.Mutex
+	turns []chat.Turn
+}
+
+func (m *fakeModel) Generate(ctx context.Context, t chat.Turn) (chat.Reply, error) {
+	m.mu.Lock()
+	t.Messages = slices.Clone(t.Messages)
+	m.turns = append(m.turns, t)
+	n := len(m.turns)
+	m.mu.Unlock()
+	return m.GenerateFn(ctx, n, t)
+}
+
+// Turns returns the turns the model was given, in order.
+func (m *fakeModel) Turns() []chat.Turn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.turns)
+}
+
+// fakeBudget is the workflow's Budget. By default it is an in-memory
+// budget of Left tokens: a reservation takes its amount, a settle gives
+// back what was not used (or takes the excess).
+type fakeBudget struct {
+	ReserveFn func(ctx context.Context, req budget.Request) (budget.Reservation, error)
+	SettleFn  func(ctx context.Context, r budget.Reservation, actual int64) (int64, error)
+
+	mu       sync.Mutex
+	Left     int64
+	reserved []budget.Request
+	settled  []settlement
+}
+
+// settlement is one Settle call.
+type settlement struct {
+	Reservation budget.Reservation
+	Actual      int64
+}
+
+func newBudget(left int64) *fakeBudget { return &fakeBudget{Left: left} }
+
+func (b *fakeBudget) Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error) {
+	b.mu.Lock()
+	b.reserved = append(b.reserved, req)
+	b.mu.Unlock()
+	if b.ReserveFn != nil {
+		return b.ReserveFn(ctx, req)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if req.Amount > b.Left {
+		return budget.Reservation{}, &budget.ExhaustedError{Scope: budget.ScopeTask, Remaining: b.Left}
+	}
+	b.Left -= req.Amount
+	return budget.Reservation{ID: fmt.Sprintf("r%d", len(b.reserved)), Day: req.Day, Visitor: req.Visitor, Task: req.Task, Amount: req.Amount}, nil
+}
+
+func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, actual int64) (int64, error) {
+	b.mu.Lock()
+	b.settled = append(b.settled, settlement{r, actual})
+	b.mu.Unlock()
+	if b.SettleFn != nil {
+		return b.SettleFn(ctx, r, actual)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.Left += r.Amount - actual
+	return actual, nil
+}
+
+func (b *fakeBudget) Settled() []settlement {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.settled)
+}
+
+func (b *fakeBudget) Reserved() []budget.Request {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.reserved)
+}
+
+// fakeLedger records entries.
+type fakeLedger struct {
+	AppendFn func(ctx context.Context, e budget.Entry) error
+
+	mu      sync.Mutex
+	entries []budget.Entry
+}
+
+func (l *fakeLedger) Append(ctx context.Context, e budget.Entry) error {
+	l.mu.Lock()
+	l.entries = append(l.entries, e)
+	l.mu.Unlock()
+	if l.AppendFn != nil {
+		return l.AppendFn(ctx, e)
+	}
+	return nil
+}
+
+func (l *fakeLedger) Entries() []budget.Entry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.entries)
+}
+
+// fakeTool is a tools.Tool.
+type fakeTool struct {
+	name   string
+	CallFn func(ctx context.Context, args string) tools.Observation
+
+	mu    sync.Mutex
+	calls []string
+}
+
+func newTool(name string) *fakeTool {
+	return &fakeTool{name: name, CallFn: func(_ context.Context, args string) tools.Observation {
+		return tools.Observation{Text: name + " says hello to " + args, Data: name + " data"}
+	}}
+}
+
+func (f *fakeTool) Name() string { return f.name }
+
+func (f *fakeTool) Definition() chat.ToolDef {
+	return chat.ToolDef{Name: f.name, Description: "the " + f.name + " tool", Parameters: map[string]any{"type": "object"}}
+}
+
+func (f *fakeTool) Call(ctx context.Context, args string) tools.Observation {
+	f.mu.Lock()
+	f.calls = append(f.calls, args)
+	f.mu.Unlock()
+	return f.CallFn(ctx, args)
+}
+
+func (f *fakeTool) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// fakeStore is the runner's Store.
+type fakeStore struct {
+	CreateFn func(ctx context.Context, rec task.Record) error
+	SaveFn   func(ctx context.Context, rec task.Record, events ...task.Event) error
+
+	mu     sync.Mutex
+	saved  []task.Record
+	events []task.Event
+}
+
+func (s *fakeStore) Create(ctx context.Context, rec task.Record) error {
+	if s.CreateFn != nil {
+		return s.CreateFn(ctx, rec)
+	}
+	return nil
+}
+
+func (s *fakeStore) Save(ctx context.Context, rec task.Record, events ...task.Event) error {
+	s.mu.Lock()
+	s.saved = append(s.saved, rec)
+	s.events = append(s.events, events...)
+	s.mu.Unlock()
+	if s.SaveFn != nil {
+		return s.SaveFn(ctx, rec, events...)
+	}
+	return nil
+}
+
+func (s *fakeStore) Events() []task.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.events)
+}
+
+// LastOf is the last record saved for task id.
+func (s *fakeStore) LastOf(id string) task.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := len(s.saved) - 1; i >= 0; i-- {
+		if s.saved[i].ID == id {
+			return s.saved[i]
+		}
+	}
+	return task.Record{}
+}
+
+// Last is the last record saved.
+func (s *fakeStore) Last() task.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.saved[len(s.saved)-1]
+}
+
+// The replies a fake model builds its scripts from.
+
+// plan is a valid answer for a request of days days.
+func plan(days int) chat.Reply {
+	var ds []task.Day
+	for d := 1; d <= days; d++ {
+		ds = append(ds, task.Day{Day: d, Title: fmt.Sprintf("Day %d", d), Items: []string{"Morning walk", "Lunch"}})
+	}
+	raw, _ := json.Marshal(map[string]any{"summary": "A plan.", "days": ds})
+	return chat.Reply{Content: string(raw), StopReason: "stop"}
+}
+
+// calls is a reply asking for tool calls, each given as name and args.
+func calls(pairs ...string) chat.Reply {
+	r := chat.Reply{StopReason: "tool_calls"}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		r.ToolCalls = append(r.ToolCalls, chat.ToolCall{ID: fmt.Sprintf("call_%d", i/2+1), Name: pairs[i], Arguments: pairs[i+1]})
+	}
+	return r
+}
+
+// rig is a workflow on fakes.
+type rig struct {
+	cfg    Config
+	models *Models
+	budget *fakeBudget
+	ledger *fakeLedger
+	tools  []tools.Tool
+	events []task.Event
+}
+
+// newRig returns a rig whose primary model is m, with a generous budget and
+// the tools given.
+func newRig(m chat.Model, ts ...tools.Tool) *rig {
+	return &rig{
+		cfg:    Config{MaxSteps: 6, MaxToolCalls: 12, Timeout: 90 * time.Second, MaxTokens: 1024, LoopThreshold: 0.8},
+		models: &Models{Primary: Model{Model: m, Name: "primary"}},
+		budget: newBudget(1_000_000),
+		ledger: &fakeLedger{},
+		tools:  ts,
+	}
+}
+
+func (r *rig) workflow() *Workflow {
+	tb := func(*task.Record, func(code, detail string)) []tools.Tool { return r.tools }
+	return NewWorkflow(r.cfg, r.models, r.budget, r.ledger, tb, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// record is a task record as the runner hands it to the workflow.
+func record(req task.Request) *task.Record {
+	return &task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusRunning, Request: req, Steps: []task.Step{}, Warnings: []string{}},
+		Visitor: "v1", Day: "2026-08-15"}
+}
+
+// run runs the workflow for req and returns the record and Run's error.
+func (r *rig) run(t *testing.T, req task.Request) (*task.Record, error) {
+	t.Helper()
+	rec := record(req)
+	err := r.workflow().Run(context.Background(), rec, func(_ *task.Record, evs ...task.Event) error {
+		r.events = append(r.events, evs...)
+		return nil
+	})
+	return rec, err
+}
+
+// steps decodes the step events the run published, in order.
+func (r *rig) steps(t *testing.T) []task.Step {
+	t.Helper()
+	var out []task.Step
+	for _, e := range r.events {
+		var s task.Step
+		if err := json.Unmarshal(e.Data, &s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return out
+}

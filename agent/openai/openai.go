@@ -1,0 +1,217 @@
+// Package openai is faregate's model adapter for OpenAI-compatible chat
+// servers (OpenAI, vLLM, llama.cpp, Ollama's /v1 …), built on langchaingo's
+// openai provider. It is the only package that imports langchaingo: the
+// workflow sees a chat.Model, and the turn and reply are translated here,
+// tool calls and token usage included.
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/tmc/langchaingo/llms"
+	lcopenai "github.com/tmc/langchaingo/llms/openai"
+
+	"faregate/agent/chat"
+)
+
+// DefaultModel is the provider's own default, named so the ledger says so.
+const DefaultModel = "gpt-3.5-turbo"
+
+// ErrNoChoices: the server answered without a choice.
+var ErrNoChoices = errors.New("openai: the model returned no choices")
+
+// Options configures a model on an OpenAI-compatible server.
+type Options struct {
+	// BaseURL is the server's API root, e.g. "https://api.openai.com/v1".
+	BaseURL string
+	// APIKey may be empty for local servers.
+	APIKey string
+	// Model is the model name; DefaultModel when empty.
+	Model string
+	// LegacyMaxTokens sends max_tokens instead of max_completion_tokens
+	// (Ollama's /v1, older vLLM and llama.cpp read only that).
+	LegacyMaxTokens bool
+	// HTTPClient is copied and given the stream shim; nil: a default client.
+	HTTPClient *http.Client
+}
+
+// Model is a chat.Model on an OpenAI-compatible server. Every call streams;
+// the call options fixed at construction (the max_tokens field) go with
+// every call.
+type Model struct {
+	llm  llms.Model
+	name string
+	opts []llms.CallOption
+}
+
+// New builds a model through langchaingo's openai provider.
+func New(o Options) (*Model, error) {
+	token := o.APIKey
+	if token == "" {
+		// The provider refuses an empty token even for local servers that
+		// need none; a placeholder is what they expect.
+		token = "faregate-no-key"
+	}
+	name := o.Model
+	if name == "" {
+		name = DefaultModel
+	}
+	// Every call streams; the shim keeps servers that answer in one piece usable.
+	hc := &http.Client{}
+	if o.HTTPClient != nil {
+		*hc = *o.HTTPClient
+	}
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	hc.Transport = streamShim{next: base}
+	llm, err := lcopenai.New(lcopenai.WithBaseURL(o.BaseURL), lcopenai.WithToken(token),
+		lcopenai.WithModel(name), lcopenai.WithHTTPClient(hc))
+	if err != nil {
+		return nil, fmt.Errorf("openai: model %s: %w", o.BaseURL, err)
+	}
+	m := &Model{llm: llm, name: name}
+	if o.LegacyMaxTokens {
+		m.opts = append(m.opts, lcopenai.WithLegacyMaxTokensField())
+	}
+	return m, nil
+}
+
+// Name is the model's name as the server knows it.
+func (m *Model) Name() string { return m.name }
+
+// Generate implements chat.Model with one streaming chat completion.
+func (m *Model) Generate(ctx context.Context, t chat.Turn) (chat.Reply, error) {
+	msgs, err := messages(t.Messages)
+	if err != nil {
+		return chat.Reply{}, err
+	}
+	opts := []llms.CallOption{llms.WithMaxTokens(t.MaxTokens)}
+	if t.Stream != nil {
+		opts = append(opts, llms.WithStreamingFunc(func(_ context.Context, raw []byte) error {
+			c := chunk(raw)
+			if c.Text == "" && c.ToolCall == "" {
+				return nil
+			}
+			return t.Stream(c)
+		}))
+	}
+	if len(t.Tools) > 0 {
+		opts = append(opts, llms.WithTools(toolDefs(t.Tools)))
+	}
+	opts = append(opts, m.opts...)
+	resp, err := m.llm.GenerateContent(ctx, msgs, opts...)
+	if err != nil {
+		// langchaingo sanitizes a deadline into an error errors.Is cannot
+		// match; the context says what happened.
+		if ctx.Err() != nil {
+			return chat.Reply{}, fmt.Errorf("openai: %w (%v)", ctx.Err(), err)
+		}
+		return chat.Reply{}, fmt.Errorf("openai: %w", err)
+	}
+	if resp == nil || len(resp.Choices) == 0 {
+		return chat.Reply{}, ErrNoChoices
+	}
+	c := resp.Choices[0]
+	reply := chat.Reply{Content: c.Content, StopReason: c.StopReason, Usage: usage(c.GenerationInfo)}
+	for _, tc := range c.ToolCalls {
+		if tc.FunctionCall == nil {
+			continue
+		}
+		reply.ToolCalls = append(reply.ToolCalls, chat.ToolCall{ID: tc.ID, Name: tc.FunctionCall.Name, Arguments: tc.FunctionCall.Arguments})
+	}
+	return reply, nil
+}
+
+// messages translates a conversation into langchaingo's form: tool calls
+// as parts of the assistant message, each answer as a tool message of its
+// own. Data never leaves the process.
+func messages(in []chat.Message) ([]llms.MessageContent, error) {
+	out := make([]llms.MessageContent, 0, len(in))
+	for _, m := range in {
+		switch m.Role {
+		case chat.RoleSystem:
+			out = append(out, llms.TextParts(llms.ChatMessageTypeSystem, m.Content))
+		case chat.RoleUser:
+			out = append(out, llms.TextParts(llms.ChatMessageTypeHuman, m.Content))
+		case chat.RoleAssistant:
+			mc := llms.MessageContent{Role: llms.ChatMessageTypeAI}
+			if m.Content != "" {
+				mc.Parts = append(mc.Parts, llms.TextContent{Text: m.Content})
+			}
+			for _, tc := range m.ToolCalls {
+				mc.Parts = append(mc.Parts, llms.ToolCall{ID: tc.ID, Type: "function",
+					FunctionCall: &llms.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+			}
+			out = append(out, mc)
+		case chat.RoleTool:
+			out = append(out, llms.MessageContent{Role: llms.ChatMessageTypeTool,
+				Parts: []llms.ContentPart{llms.ToolCallResponse{ToolCallID: m.ToolCallID, Name: m.Name, Content: m.Content}}})
+		default:
+			return nil, fmt.Errorf("openai: message role %q not supported", m.Role)
+		}
+	}
+	return out, nil
+}
+
+// toolDefs offers the tools as functions.
+func toolDefs(defs []chat.ToolDef) []llms.Tool {
+	out := make([]llms.Tool, len(defs))
+	for i, d := range defs {
+		out[i] = llms.Tool{Type: "function", Function: &llms.FunctionDefinition{
+			Name: d.Name, Description: d.Description, Parameters: d.Parameters}}
+	}
+	return out
+}
+
+// streamedToolCall is one tool-call fragment as langchaingo hands it to the
+// streaming function: the delta's tool_calls array, marshalled.
+type streamedToolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// chunk types one piece of a stream. langchaingo passes content deltas as
+// they are, and tool-call deltas as the JSON array of the delta's calls; a
+// piece that decodes as such an array, with an id, a type, a name or
+// arguments in it, is tool-call output: its names and arguments count.
+func chunk(raw []byte) chat.Chunk {
+	if len(raw) > 1 && raw[0] == '[' && raw[1] == '{' {
+		var calls []streamedToolCall
+		if json.Unmarshal(raw, &calls) == nil {
+			var b strings.Builder
+			isCall := false
+			for _, c := range calls {
+				isCall = isCall || c.ID != "" || c.Type != "" || c.Function.Name != "" || c.Function.Arguments != ""
+				b.WriteString(c.Function.Name)
+				b.WriteString(c.Function.Arguments)
+			}
+			if isCall {
+				return chat.Chunk{ToolCall: b.String()}
+			}
+		}
+	}
+	return chat.Chunk{Text: string(raw)}
+}
+
+// usage reads the token counts the openai provider puts in GenerationInfo
+// (ints, filled from the stream's last chunk). Zero for both means the
+// server sent none.
+func usage(info map[string]any) chat.Usage {
+	p, pok := info["PromptTokens"].(int)
+	c, cok := info["CompletionTokens"].(int)
+	if !pok || !cok || (p == 0 && c == 0) {
+		return chat.Usage{}
+	}
+	return chat.Usage{PromptTokens: int64(p), CompletionTokens: int64(c), Reported: true}
+}
