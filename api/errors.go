@@ -1,101 +1,226 @@
 // Package api is faregate's HTTP surface: the task gate (POST /api/tasks),
-// task reads and live events, the page's config, health and metrics.
+// task reads and live events, usage for API keys, the page's config, health
+// and metrics.
 package api
 
 import (
-	"encoding/json"
+	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
-// Stable error codes, as ../shared/CONTRACT.md fixes them. The page maps
-// each to a message; never rename one.
+// Stable error codes, as ../shared/CONTRACT.md fixes them. The page and
+// the typed client map each to a message; never rename one. Codes that are
+// also task error codes are defined once, in agent/task, and named here.
 const (
-	CodeInvalidRequest   = "invalid_request"
-	CodeTurnstileFailed  = "turnstile_failed"
-	CodeTaskNotFound     = "task_not_found"
-	CodeRequestTooLarge  = "request_too_large"
-	CodeUnsupportedMedia = "unsupported_media_type"
-	CodeIPLimit          = "demo_ip_limit_reached"
-	CodeGlobalLimit      = "demo_global_limit_reached"
-	CodeBudgetExhausted  = "demo_budget_exhausted"
-	CodeInternal         = "internal_error"
-	CodeProtectionDown   = "demo_protection_unavailable"
-	CodeModelUnavailable = "model_unavailable"
-	CodeAITFQueueFull    = "aitf_queue_full"
-	CodeMethodNotAllowed = "method_not_allowed"
-	CodeNotFound         = "not_found"
+	CodeInvalidRequest      = "invalid_request"
+	CodePromptRejected      = "prompt_rejected"
+	CodeInvalidAPIKey       = "invalid_api_key"
+	CodeTurnstileFailed     = "turnstile_failed"
+	CodeTaskNotFound        = "task_not_found"
+	CodeNotFound            = "not_found"
+	CodeMethodNotAllowed    = "method_not_allowed"
+	CodeRequestTooLarge     = "request_too_large"
+	CodeUnsupportedMedia    = "unsupported_media_type"
+	CodeIPLimit             = "demo_ip_limit_reached"
+	CodeGlobalLimit         = "demo_global_limit_reached"
+	CodeKeyDailyLimit       = "key_daily_limit_reached"
+	CodeBudgetExhausted     = "demo_budget_exhausted"
+	CodeTooManyStreams      = "too_many_streams"
+	CodeRateLimited         = "rate_limited"
+	CodeTooManyFailedChecks = "too_many_failed_checks"
+	CodeTokenRateLimited    = "token_rate_limited"
+	CodeAnomalyBlocked      = "anomaly_blocked"
+	CodeInternal            = "internal_error"
+	CodeProtectionDown      = "demo_protection_unavailable"
+	CodeModelUnavailable    = "model_unavailable"
+	CodeAITFQueueFull       = "aitf_queue_full"
+	CodeServerBusy          = "server_busy"
 )
 
-// retryAfterUnavailable is the Retry-After (seconds) of a 503 that names none.
-const retryAfterUnavailable = 5
+// Errors that start in this package. Refusals decided elsewhere arrive as
+// those packages' sentinels (or typed errors wrapping them) and are mapped
+// by the same table.
+var (
+	ErrUnsupportedMedia = errors.New("api: unsupported media type")
+	ErrTooLarge         = errors.New("api: request body too large")
+	ErrInvalid          = errors.New("api: invalid request")
+	ErrNotFound         = errors.New("api: no such endpoint")
+	ErrMethodNotAllowed = errors.New("api: method not allowed")
+	ErrTooManyStreams   = errors.New("api: too many event streams for this principal")
+	ErrServerBusy       = errors.New("api: server busy")
+	ErrPromptRejected   = errors.New("api: prompt rejected")
+)
 
-// errorSpec is the status and public message of a code. The message is for
-// people; clients switch on the code.
+// InvalidError is a 400 with a message per field.
+type InvalidError struct{ Fields map[string]string }
+
+func (e *InvalidError) Error() string {
+	keys := slices.Sorted(maps.Keys(e.Fields))
+	return "api: invalid request: " + strings.Join(keys, ", ")
+}
+
+// Unwrap lets errors.Is(err, ErrInvalid) match.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
+
+// invalid is a 400 naming one field.
+func invalid(field, msg string) error { return &InvalidError{Fields: map[string]string{field: msg}} }
+
+// PromptRejectedError names the static rule that refused the request text.
+type PromptRejectedError struct{ Rule string }
+
+func (e *PromptRejectedError) Error() string { return "api: prompt rejected by rule " + e.Rule }
+
+// Unwrap lets errors.Is(err, ErrPromptRejected) match.
+func (e *PromptRejectedError) Unwrap() error { return ErrPromptRejected }
+
+// retryError is a refusal of this package with a fixed Retry-After.
+type retryError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryError) Error() string              { return e.err.Error() }
+func (e *retryError) Unwrap() error              { return e.err }
+func (e *retryError) RetryAfter() time.Duration { return e.after }
+
+// retryAfterUnavailable is the Retry-After of a 503 that names none, and
+// retryAfterMax503 the longest a 503 may ask for (the contract: a few
+// seconds, at most 30).
+const (
+	retryAfterUnavailable = 5 * time.Second
+	retryAfterMax503      = 30 * time.Second
+)
+
+// errorSpec is the answer to one kind of error: its status, its code and
+// the sentence people read. Clients switch on the code.
 type errorSpec struct {
 	status  int
+	code    string
+	message string
+	// logged marks errors worth one log line each: 5xx only.
+	logged bool
+	// body is the envelope up to the request id, pre-encoded once.
+	head []byte
+}
+
+// errorTable maps each sentinel (after unwrapping typed errors down to it)
+// to its answer. It is the one place where an error chooses its code.
+type errorTable struct {
+	bySentinel map[error]*errorSpec
+	byCode     map[string]*errorSpec
+	internal   *errorSpec
+}
+
+// entry is one row of the table, as newErrorTable takes it.
+type entry struct {
+	errs    []error
+	status  int
+	code    string
 	message string
 }
 
-var errorTable = map[string]errorSpec{
-	CodeInvalidRequest:   {http.StatusBadRequest, "The request is not valid; see fields for details."},
-	CodeTurnstileFailed:  {http.StatusForbidden, "The human check failed or expired. Please complete it again."},
-	CodeTaskNotFound:     {http.StatusNotFound, "No such task."},
-	CodeRequestTooLarge:  {http.StatusRequestEntityTooLarge, "The request body is larger than 16384 bytes."},
-	CodeUnsupportedMedia: {http.StatusUnsupportedMediaType, "Send the request as Content-Type: application/json."},
-	CodeIPLimit:          {http.StatusTooManyRequests, "You have used all of today's demo tasks. They reset at 00:00 UTC."},
-	CodeGlobalLimit:      {http.StatusTooManyRequests, "The demo has reached today's limit for everyone. It resets at 00:00 UTC."},
-	CodeBudgetExhausted:  {http.StatusTooManyRequests, "Today's model token budget is used up. It resets at 00:00 UTC."},
-	CodeInternal:         {http.StatusInternalServerError, "Something went wrong on our side."},
-	CodeProtectionDown:   {http.StatusServiceUnavailable, "The demo's protection is unavailable, so it is not accepting tasks right now. Please try again shortly."},
-	CodeModelUnavailable: {http.StatusServiceUnavailable, "The model provider is unavailable right now. Please try again shortly."},
-	CodeAITFQueueFull:    {http.StatusServiceUnavailable, "The server is too busy with automated traffic. Please try again shortly."},
-	CodeMethodNotAllowed: {http.StatusMethodNotAllowed, "This method is not allowed here."},
-	CodeNotFound:         {http.StatusNotFound, "No such endpoint."},
-}
-
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Code      string            `json:"code"`
-	Message   string            `json:"message"`
-	RequestID string            `json:"request_id,omitempty"`
-	Fields    map[string]string `json:"fields,omitempty"`
-}
-
-// writeError writes the contract's error envelope for code. retryAfter is
-// sent on 429 and 503 (0 picks the default for 503s). Only 5xx are logged,
-// and never with a client-visible err text.
-func writeError(w http.ResponseWriter, r *http.Request, code string, retryAfter time.Duration, fields map[string]string) {
-	spec, ok := errorTable[code]
-	if !ok {
-		code, spec = CodeInternal, errorTable[CodeInternal]
-	}
-	switch spec.status {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		secs := int64((retryAfter + time.Second - 1) / time.Second)
-		if secs <= 0 {
-			secs = retryAfterUnavailable
+func newErrorTable(rows []entry) *errorTable {
+	t := &errorTable{bySentinel: map[error]*errorSpec{}, byCode: map[string]*errorSpec{}}
+	for _, row := range rows {
+		spec := t.byCode[row.code]
+		if spec == nil {
+			spec = &errorSpec{status: row.status, code: row.code, message: row.message, logged: row.status >= 500}
+			spec.head = []byte(`{"error":{"code":` + strconv.Quote(row.code) + `,"message":` + jsonString(row.message))
+			t.byCode[row.code] = spec
 		}
-		if spec.status == http.StatusServiceUnavailable && secs > 30 {
-			secs = 30
+		for _, e := range row.errs {
+			if _, dup := t.bySentinel[e]; dup {
+				panic("api: error mapped twice: " + e.Error())
+			}
+			t.bySentinel[e] = spec
 		}
-		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	writeJSON(w, spec.status, errorBody{Error: errorDetail{
-		Code: code, Message: spec.message, RequestID: RequestID(r.Context()), Fields: fields,
-	}})
+	t.internal = t.byCode[CodeInternal]
+	if t.internal == nil {
+		panic("api: error table without " + CodeInternal)
+	}
+	return t
 }
 
-// writeJSON writes v as JSON with status; API answers are never cached.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	// Once the header is out an encoding or write error cannot reach the
-	// client; the access log records the status that was sent.
-	_ = json.NewEncoder(w).Encode(v)
+// lookup walks err's chain (and joined errors) to the first mapped
+// sentinel; anything unknown is an internal error.
+func (t *errorTable) lookup(err error) *errorSpec {
+	for e := err; e != nil; {
+		if spec, ok := t.bySentinel[e]; ok {
+			return spec
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			e = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				if spec := t.lookup(inner); spec != t.internal {
+					return spec
+				}
+			}
+			return t.internal
+		default:
+			return t.internal
+		}
+	}
+	return t.internal
+}
+
+// Codes lists every code the table can answer with, sorted (for the
+// OpenAPI enum test and the page's message tables).
+func (t *errorTable) Codes() []string { return slices.Sorted(maps.Keys(t.byCode)) }
+
+// retryAfter is the Retry-After of a refusal with spec: the error's own
+// RetryAfter when it has one, else the default; 503s stay within 30 s.
+// Whole seconds, rounded up: the same rule as the RateLimit fields' t.
+func retryAfter(spec *errorSpec, err error) (int64, bool) {
+	if spec.status != http.StatusTooManyRequests && spec.status != http.StatusServiceUnavailable {
+		return 0, false
+	}
+	var d time.Duration
+	var ra interface{ RetryAfter() time.Duration }
+	if errors.As(err, &ra) {
+		d = ra.RetryAfter()
+	}
+	if d <= 0 {
+		d = retryAfterUnavailable
+	}
+	if spec.status == http.StatusServiceUnavailable && d > retryAfterMax503 {
+		d = retryAfterMax503
+	}
+	return ceilSeconds(d), true
+}
+
+// ceilSeconds rounds d up to whole seconds, at least 1: the one rounding
+// rule for Retry-After and the RateLimit t parameter.
+func ceilSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// jsonString quotes s as a JSON string (html-safe escaping is not needed
+// for application/json answers).
+func jsonString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < 0x20:
+			b.WriteString(`\u00`)
+			b.WriteByte("0123456789abcdef"[r>>4])
+			b.WriteByte("0123456789abcdef"[r&0xf])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

@@ -1,41 +1,68 @@
 package api
 
 import (
+	"strconv"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/protect/promreg"
 )
 
-// metrics are the gate's Prometheus series. Labels carry codes and route
-// patterns only: never a visitor, never an address.
+// metrics are the gate's Prometheus series. Labels carry codes, route
+// patterns and key ids only: never a visitor, never an address.
 type metrics struct {
 	requests   *prometheus.CounterVec
-	admissions prometheus.Counter
+	duration   *prometheus.HistogramVec
+	admissions *prometheus.CounterVec
 	denials    *prometheus.CounterVec
+	cached     prometheus.Counter
 	siteverify *prometheus.HistogramVec
 	quota      *prometheus.HistogramVec
 }
 
+// latencyBuckets are the HTTP latency boundaries in seconds, written out so
+// the exposition shows them as written.
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
 func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+	return &metrics{
+		requests: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "faregate_http_requests_total", Help: "HTTP requests by route pattern, method and status.",
-		}, []string{"route", "method", "status"}),
-		admissions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "faregate_admissions_total", Help: "Tasks admitted by POST /api/tasks (202).",
-		}),
-		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "faregate_denials_total", Help: "POST /api/tasks refusals by error code.",
-		}, []string{"code"}),
-		siteverify: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		}, []string{"route", "method", "status"})),
+		duration: promreg.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "faregate_http_request_duration_seconds", Help: "HTTP request latency by route pattern and status class (event streams: their whole life).",
+			Buckets: latencyBuckets,
+		}, []string{"route", "status_class"})),
+		admissions: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faregate_admissions_total", Help: "Tasks admitted by POST /api/tasks (202), by principal: a key id, or public.",
+		}, []string{"principal"})),
+		denials: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faregate_denials_total", Help: "Refused /api requests by error code.",
+		}, []string{"code"})),
+		cached: promreg.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "faregate_cached_plans_served_total", Help: "Creations answered with a cached plan (202, already succeeded).",
+		})),
+		siteverify: promreg.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "faregate_siteverify_duration_seconds", Help: "Turnstile verification latency by outcome.",
-			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}, []string{"outcome"}),
-		quota: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		}, []string{"outcome"})),
+		quota: promreg.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "faregate_quota_duration_seconds", Help: "Quota check latency by operation and outcome.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
-		}, []string{"op", "outcome"}),
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
+		}, []string{"op", "outcome"})),
 	}
-	if reg != nil {
-		reg.MustRegister(m.requests, m.admissions, m.denials, m.siteverify, m.quota)
-	}
-	return m
+}
+
+// streams exports the event streams held, read when scraped.
+func (m *metrics) streams(reg prometheus.Registerer, caps *streamCaps) {
+	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "faregate_event_streams", Help: "Event streams this process serves now.",
+	}, func() float64 { return float64(caps.open()) }))
+}
+
+// observe counts one finished request.
+func (m *metrics) observe(route, method string, status int, took time.Duration) {
+	m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+	m.duration.WithLabelValues(route, statusClass(status)).Observe(took.Seconds())
 }

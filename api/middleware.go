@@ -2,44 +2,66 @@ package api
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
 
 	"faregate/protect/clientip"
+	"faregate/protect/connlimit"
+	"faregate/protect/ratelimit"
 )
 
-type ctxKey int
+// state is what the middleware learns about one request, in one place: the
+// front middleware puts it into the context once and later stages fill it
+// in, so the access log (which runs last) sees the visitor, the principal
+// and the code even though they were decided deeper down.
+type state struct {
+	id        string
+	start     time.Time
+	visitor   clientip.Visitor
+	principal Principal
+	// policy is the policy this request sees (one value for the whole
+	// request, however a reload races it) and tier the principal's limits.
+	policy Policy
+	tier   Tier
+	// window is the request window's decision, for RateLimit headers.
+	window ratelimit.GateDecision
+	// code is the error code answered ("" for successes); err the error
+	// that chose it (logged for 5xx only).
+	code string
+	err  error
+	// admitted is the task id of a 202, for the one admission line.
+	admitted string
+	status   int
+	bytes    int64
+}
 
-const (
-	requestIDKey ctxKey = iota
-	loggerKey
-)
+type stateKey struct{}
+
+// stateOf returns the request's state (nil outside the server).
+func stateOf(r *http.Request) *state {
+	st, _ := r.Context().Value(stateKey{}).(*state)
+	return st
+}
 
 // RequestID returns the request's id ("" outside a request).
 func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
-}
-
-// Logger returns the request's logger, which carries its request id.
-func Logger(ctx context.Context, fallback *slog.Logger) *slog.Logger {
-	if lg, ok := ctx.Value(loggerKey).(*slog.Logger); ok {
-		return lg
+	if st, ok := ctx.Value(stateKey{}).(*state); ok {
+		return st.id
 	}
-	return fallback
+	return ""
 }
 
 // validRequestID accepts ids a proxy may hand us: short, and of characters
-// that cannot break a header or a log line.
+// that cannot break a header, a log line or a JSON string.
 func validRequestID(s string) bool {
 	if s == "" || len(s) > 128 {
 		return false
 	}
-	for _, c := range s {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
 			return false
 		}
@@ -47,131 +69,171 @@ func validRequestID(s string) bool {
 	return true
 }
 
+// newRequestID is 96 random bits in hex. It names a request in logs and
+// answers; it is no secret, so the fast generator serves.
 func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	var b [24]byte
+	const hexd = "0123456789abcdef"
+	x, y := rand.Uint64(), rand.Uint32()
+	for i := 0; i < 16; i++ {
+		b[i] = hexd[x&0xf]
+		x >>= 4
+	}
+	for i := 16; i < 24; i++ {
+		b[i] = hexd[y&0xf]
+		y >>= 4
+	}
+	return string(b[:])
 }
 
-// requestIDs gives every request an id: the trusted proxy's X-Request-Id
-// when the peer is a trusted proxy and the id is sane, else a new one. The
-// id goes into the response header, the context and the request's logger.
-func requestIDs(visitors *clientip.Resolver, lg *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-Id")
-		if !validRequestID(id) || visitors == nil || !visitors.TrustedPeer(r) {
-			id = newRequestID()
-		}
-		w.Header().Set("X-Request-Id", id)
-		ctx := context.WithValue(r.Context(), requestIDKey, id)
-		ctx = context.WithValue(ctx, loggerKey, lg.With("request_id", id))
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
-}
-
-// statusRecorder remembers the status for the access log and metrics, and
-// still lets SSE flush.
-type statusRecorder struct {
+// recorder remembers the status and size for the access log and metrics,
+// and still lets SSE flush (Unwrap reaches the connection's writer).
+type recorder struct {
 	http.ResponseWriter
-	status int
-	bytes  int64
+	st *state
 }
 
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
+func (rw *recorder) WriteHeader(code int) {
+	if rw.st.status == 0 {
+		rw.st.status = code
 	}
-	s.ResponseWriter.WriteHeader(code)
+	rw.ResponseWriter.WriteHeader(code)
 }
 
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
+func (rw *recorder) Write(b []byte) (int, error) {
+	if rw.st.status == 0 {
+		rw.st.status = http.StatusOK
 	}
-	n, err := s.ResponseWriter.Write(b)
-	s.bytes += int64(n)
+	n, err := rw.ResponseWriter.Write(b)
+	rw.st.bytes += int64(n)
 	return n, err
 }
 
 // Unwrap lets http.ResponseController reach Flush and deadlines.
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+func (rw *recorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
 
-// accessLog logs one line per request (with its request id and the visitor's
-// hash, never an address) and counts it by route pattern.
-func accessLog(m *metrics, next http.Handler) http.Handler {
+// front is the first middleware of every request: it gives the request an
+// id (a trusted proxy's sane X-Request-Id, else a new one), resolves the
+// visitor, answers connections over the limit, recovers panics, and when
+// the handler is done counts and logs the request. Doing this in one place
+// keeps the refusal path to one context value and one wrapper.
+func (s *server) front(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		if rec.status == 0 {
-			rec.status = http.StatusOK
+		st := &state{start: time.Now()}
+		trusted := s.d.Visitors.TrustedPeer(r)
+		if id := r.Header.Get("X-Request-Id"); trusted && validRequestID(id) {
+			st.id = id
+		} else {
+			st.id = newRequestID()
 		}
-		route := RoutePattern(r)
-		m.requests.WithLabelValues(route, r.Method, strconv.Itoa(rec.status)).Inc()
-		attrs := []any{"method", r.Method, "route", route, "status", rec.status,
-			"duration_ms", time.Since(start).Milliseconds(), "bytes", rec.bytes}
-		if v, ok := clientip.FromContext(r.Context()); ok {
-			attrs = append(attrs, "visitor", v.String())
-		}
-		lg := Logger(r.Context(), nil)
-		if lg == nil {
+		w.Header()["X-Request-Id"] = []string{st.id}
+		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+		rw := &recorder{ResponseWriter: w, st: st}
+		defer s.finish(rw, r, st)
+
+		if connlimit.Refused(r.Context()) {
+			// Over the connection limit: answer at once and close.
+			w.Header()["Connection"] = hdrCloseConn
+			s.writeErr(rw, r, &retryError{ErrServerBusy, retryAfterUnavailable})
 			return
 		}
-		if route == "/healthz" || route == "/metrics" || route == "/readyz" {
-			lg.Debug("request", attrs...)
+		v, err := s.d.Visitors.Visitor(r)
+		if err != nil {
+			s.writeErr(rw, r, err)
 			return
 		}
-		lg.Info("request", attrs...)
+		st.visitor = v
+		next.ServeHTTP(rw, r)
 	})
 }
 
-// securityHeaders sets the page's CSP and the usual hardening headers on
-// every response, API answers included.
-func securityHeaders(csp string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		if csp != "" {
-			h.Set("Content-Security-Policy", csp)
+// finish recovers a panic into a 500, then counts and logs the request.
+// Logging follows one rule: a refused request (4xx) writes no line of its
+// own at the default level (the summary counts it); successful reads log at
+// debug; admissions and every 5xx log one line.
+func (s *server) finish(rw *recorder, r *http.Request, st *state) {
+	if v := recover(); v != nil {
+		if v == http.ErrAbortHandler {
+			panic(v)
 		}
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "strict-origin-when-cross-origin")
-		h.Set("X-Frame-Options", "DENY")
-		next.ServeHTTP(w, r)
-	})
-}
-
-// recoverer turns a handler panic into a logged 500 envelope instead of a
-// dropped connection.
-func recoverer(lg *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				Logger(r.Context(), lg).Error("handler panic", "panic", v)
-				writeError(w, r, CodeInternal, 0, nil)
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
-}
-
-// ContextLogHandler adds the request id found in a log call's context, so
-// packages that log with slog's *Context methods (the AITF guard) tag their
-// lines with the request too, without knowing about this package.
-func ContextLogHandler(h slog.Handler) slog.Handler { return ctxHandler{h} }
-
-type ctxHandler struct{ slog.Handler }
-
-func (c ctxHandler) Handle(ctx context.Context, r slog.Record) error {
-	if id := RequestID(ctx); id != "" {
-		r.AddAttrs(slog.String("request_id", id))
+		s.d.Logger.Error("handler panic", "request_id", st.id, "panic", v)
+		if st.status == 0 {
+			s.writeErr(rw, r, errPanic)
+		}
 	}
-	return c.Handler.Handle(ctx, r)
+	if st.status == 0 {
+		st.status = http.StatusOK
+	}
+	route := RoutePattern(r)
+	took := time.Since(st.start)
+	s.m.observe(route, r.Method, st.status, took)
+
+	lg := s.d.Logger
+	switch {
+	case st.status >= 500:
+		s.m.denials.WithLabelValues(st.code).Inc()
+		lg.LogAttrs(context.Background(), slog.LevelWarn, "request failed", s.accessAttrs(r, st, route, took)...)
+	case st.status >= 400:
+		s.m.denials.WithLabelValues(st.code).Inc()
+		s.summary.add(st.code, st.principalLabel())
+		if lg.Enabled(context.Background(), slog.LevelDebug) {
+			lg.LogAttrs(context.Background(), slog.LevelDebug, "request refused", s.accessAttrs(r, st, route, took)...)
+		}
+	case st.admitted != "":
+		lg.LogAttrs(context.Background(), slog.LevelInfo, "task admitted", s.accessAttrs(r, st, route, took)...)
+	case r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions:
+		if lg.Enabled(context.Background(), slog.LevelDebug) {
+			lg.LogAttrs(context.Background(), slog.LevelDebug, "request", s.accessAttrs(r, st, route, took)...)
+		}
+	default:
+		lg.LogAttrs(context.Background(), slog.LevelInfo, "request", s.accessAttrs(r, st, route, took)...)
+	}
 }
 
-func (c ctxHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return ctxHandler{c.Handler.WithAttrs(as)}
+func (s *server) accessAttrs(r *http.Request, st *state, route string, took time.Duration) []slog.Attr {
+	attrs := []slog.Attr{
+		slog.String("request_id", st.id),
+		slog.String("method", r.Method),
+		slog.String("route", route),
+		slog.Int("status", st.status),
+		slog.Int64("duration_ms", took.Milliseconds()),
+		slog.Int64("bytes", st.bytes),
+		slog.String("principal", st.principalLabel()),
+	}
+	if st.code != "" {
+		attrs = append(attrs, slog.String("code", st.code))
+	}
+	if st.admitted != "" {
+		attrs = append(attrs, slog.String("task", st.admitted))
+	}
+	if st.status >= 500 && st.err != nil {
+		// Errors of this program's own dependencies; never a client's text,
+		// and never an address (Redis errors name its address, not a visitor's).
+		attrs = append(attrs, slog.String("err", st.err.Error()))
+	}
+	return attrs
 }
-func (c ctxHandler) WithGroup(n string) slog.Handler { return ctxHandler{c.Handler.WithGroup(n)} }
+
+// principalLabel names the request's principal for logs: a key's id, or the
+// visitor's truncated hash; never an address.
+func (st *state) principalLabel() string {
+	if st.principal.Kind != "" {
+		return st.principal.String()
+	}
+	return st.visitor.String()
+}
+
+// errPanic is what a recovered panic is answered as.
+var errPanic = &panicError{}
+
+type panicError struct{}
+
+func (*panicError) Error() string { return "api: handler panicked" }
+
+// statusClass is "2xx", "4xx"... for metric labels.
+func statusClass(status int) string {
+	if status < 100 || status > 599 {
+		return "other"
+	}
+	return strconv.Itoa(status/100) + "xx"
+}

@@ -2,61 +2,99 @@ package api
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// routes is the whole HTTP surface on one screen. Middleware order matters:
-// ids and headers first, so every answer (even a panic's) carries them;
-// then the visitor, then (on /api) the AITF scorer, which must see the body
-// before the handler reads it.
-func routes(d Deps, m *metrics) http.Handler {
+// routes is the whole HTTP surface on one screen. The order of the checks
+// matters and follows the contract: the front middleware (id, visitor,
+// connection limit) for everything; then, under /api, CORS, the body's
+// shape from its headers, and the principal (a bad key is 401); then per
+// route the request window and the AITF scorer. POST /api/tasks runs its
+// own further checks in order (tasks.go).
+func (s *server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(
-		func(next http.Handler) http.Handler { return requestIDs(d.Visitors, d.Logger, next) },
-		func(next http.Handler) http.Handler { return securityHeaders(d.CSP, next) },
-		func(next http.Handler) http.Handler { return recoverer(d.Logger, next) },
-		func(next http.Handler) http.Handler { return accessLog(m, next) },
-		func(next http.Handler) http.Handler {
-			return d.Visitors.Middleware(func(w http.ResponseWriter, r *http.Request, _ error) {
-				writeError(w, r, CodeInvalidRequest, 0, nil)
-			}, next)
-		},
-	)
+	r.Use(s.front)
 
 	r.Method(http.MethodGet, "/healthz", handleHealth())
-	r.Method(http.MethodGet, "/readyz", handleReady(d))
-	if d.Registry != nil {
-		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
+	r.Method(http.MethodGet, "/readyz", s.handleReady())
+	if s.d.Registry != nil && s.d.Metrics {
+		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.d.Registry, promhttp.HandlerOpts{}))
 	}
 
 	r.Route("/api", func(r chi.Router) {
-		if d.AITF != nil {
-			r.Use(d.AITF.Middleware)
+		if s.d.CORS != nil {
+			r.Use(s.d.CORS)
 		}
-		delay := func(h http.Handler) http.Handler {
-			if d.AITF == nil {
-				return h
-			}
-			return d.AITF.Delay(h)
+		r.Use(s.bodyShape, s.principal)
+
+		// Documents about the API cost nothing and are not counted.
+		if s.d.OpenAPI != nil {
+			r.Method(http.MethodGet, "/openapi.json", s.handleOpenAPI())
 		}
-		r.Method(http.MethodGet, "/config", delay(handleConfig(d)))
-		// POST /api/tasks waits in the AITF queue itself, after the shape
-		// check: a malformed request is refused at once, without a delay.
-		r.Method(http.MethodPost, "/tasks", handleCreateTask(d, m))
-		r.Method(http.MethodGet, "/tasks/{id}", delay(handleGetTask(d)))
-		r.Method(http.MethodGet, "/tasks/{id}/events", delay(handleTaskEvents(d)))
-		r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, CodeNotFound, 0, nil) })
-		r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, CodeMethodNotAllowed, 0, nil) })
+		if s.d.Client != nil {
+			r.Method(http.MethodGet, "/client.js", s.d.Client)
+			r.Method(http.MethodGet, "/client.d.ts", s.d.Client)
+		}
+
+		// POST /api/tasks refuses from memory before the window (tasks.go),
+		// and scores AITF only once its cheap refusals are behind it.
+		r.With(s.remembered, s.window(true), s.aitfScore).Method(http.MethodPost, "/tasks", s.handleCreateTask())
+
+		read := r.With(s.window(false), s.aitfScore, s.aitfDelay)
+		read.Method(http.MethodGet, "/config", s.handleConfig())
+		read.Method(http.MethodGet, "/tasks/{id}", s.handleGetTask())
+		read.Method(http.MethodGet, "/tasks/{id}/events", s.handleTaskEvents())
+		r.With(s.window(false)).Method(http.MethodGet, "/usage", s.handleUsage())
+
+		r.NotFound(func(w http.ResponseWriter, req *http.Request) { s.writeErr(w, req, ErrNotFound) })
+		r.MethodNotAllowed(s.methodNotAllowed(r))
 	})
 
 	// Everything else is the page and its assets (the web handler answers
-	// its own 404s).
-	if d.Web != nil {
-		r.Handle("/*", d.Web)
+	// its own 404s and 405s).
+	if s.d.Web != nil {
+		r.Handle("/*", s.d.Web)
 	}
-	r.NotFound(func(w http.ResponseWriter, req *http.Request) { writeError(w, req, CodeNotFound, 0, nil) })
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, CodeMethodNotAllowed, 0, nil) })
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) { s.writeErr(w, req, ErrNotFound) })
+	r.MethodNotAllowed(s.methodNotAllowed(r))
 	return r
+}
+
+// allMethods are the methods a 405's Allow header may list.
+var allMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// methodNotAllowed answers 405 with the Allow header the path supports,
+// found by asking the router which methods match it.
+func (s *server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.Path
+		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePath != "" {
+			path = rc.RoutePath
+		}
+		var allow []string
+		for _, m := range allMethods {
+			if routes.Match(chi.NewRouteContext(), m, path) {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+		}
+		s.writeErr(w, r, ErrMethodNotAllowed)
+	}
+}
+
+// handleOpenAPI serves the OpenAPI document.
+func (s *server) handleOpenAPI() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h["Content-Type"] = []string{"application/json; charset=utf-8"}
+		h["Cache-Control"] = []string{"no-cache"}
+		h["X-Content-Type-Options"] = hdrNoSniff
+		h["Content-Security-Policy"] = hdrCSPJSON
+		_, _ = w.Write(s.d.OpenAPI)
+	})
 }

@@ -11,8 +11,11 @@ import (
 
 	"faregate/agent/task"
 	"faregate/protect/aitf"
+	"faregate/protect/budget"
 	"faregate/protect/clientip"
+	"faregate/protect/plancache"
 	"faregate/protect/quota"
+	"faregate/protect/ratelimit"
 )
 
 // MaxBody is the largest accepted request body, in bytes (inclusive).
@@ -25,28 +28,43 @@ type Verifier interface {
 
 // Quota is the daily task quota (protect/quota).
 type Quota interface {
-	Check(ctx context.Context, visitor string) (quota.Decision, error)
-	Take(ctx context.Context, visitor string) (quota.Decision, error)
-	Limits() quota.Limits
+	Remembered(s quota.Subject) error
+	Check(ctx context.Context, s quota.Subject) (quota.Decision, error)
+	Take(ctx context.Context, s quota.Subject) (quota.Decision, error)
 }
 
-// Budget answers whether the site and the visitor can afford one minimal
-// run (protect/budget).
+// Limiter is the per-principal request window, failed-check log and token
+// bucket (protect/ratelimit).
+type Limiter interface {
+	Gate(ctx context.Context, r ratelimit.GateRequest) (ratelimit.GateDecision, error)
+	RecordFailedCheck(ctx context.Context, scope, op string, perHour int64) (int64, time.Duration, error)
+	Peek(ctx context.Context, scope string, ratePerMin, need int64) (bool, time.Duration, error)
+}
+
+// Budget answers whether a principal can afford one minimal run, and what
+// a key has spent (protect/budget).
 type Budget interface {
-	CanAfford(ctx context.Context, day, visitor string, amount int64) error
+	CanAfford(ctx context.Context, r budget.AffordRequest) error
+	Usage(ctx context.Context, q budget.UsageQuery) (budget.UsageReport, error)
 }
 
-// Tasks creates and launches tasks (agent.Runner).
+// Tasks stores admitted tasks and puts them on the queue (agent.Runner).
 type Tasks interface {
-	Create(ctx context.Context, rec task.Record) (task.Record, error)
-	Launch(rec task.Record) error
+	Submit(ctx context.Context, rec task.Record) (task.Record, error)
+	// Depth is how many tasks wait or run, for the queue bound.
+	Depth(ctx context.Context) (int64, error)
+	// Cached stores a task that is final at once: a served cached plan.
+	Cached(ctx context.Context, rec task.Record) (task.Record, error)
 }
 
-// TaskStore reads tasks and follows their events (agent/taskstore.Store).
+// TaskStore reads tasks (agent/taskstore).
 type TaskStore interface {
 	Get(ctx context.Context, id string) (task.Record, error)
+}
+
+// Follower streams a task's events (the taskstore Hub).
+type Follower interface {
 	Follow(ctx context.Context, id, after string, fn func(task.Event) error) error
-	Ping(ctx context.Context) error
 }
 
 // ModelHealth reports the model's state (agent.Models).
@@ -55,50 +73,160 @@ type ModelHealth interface {
 	Offline() bool
 }
 
+// PlanCache answers a normalised request with a plan cached earlier
+// (protect/plancache).
+type PlanCache interface {
+	Get(ctx context.Context, r plancache.Request) (plancache.Plan, bool, error)
+}
+
+// Tier is a tier's limits as the gate applies them.
+type Tier struct {
+	Name                                                          string
+	TasksPerDay, TokensPerDay, TokensPerMinute, RequestsPerMinute int64
+	// MaxSiteShare is the share of the site's daily tokens the tier's
+	// principals may use together (0 < s ≤ 1).
+	MaxSiteShare float64
+}
+
+// Policy is the policy in force (protect/policy, adapted by the caller):
+// tiers, keys and prompt rules. One request sees one Policy value, so a
+// reload never mixes two.
+type Policy interface {
+	Public() Tier
+	// Authenticate resolves a bearer token to its key's id and tier, or
+	// fails with an error that maps to 401 invalid_api_key.
+	Authenticate(token string) (id string, tier Tier, err error)
+	// CheckPrompt names the first static rule the texts match.
+	CheckPrompt(texts ...string) (rule string, matched bool)
+}
+
 // PublicConfig is what GET /api/config tells the page.
 type PublicConfig struct {
 	TurnstileSiteKey   string
 	TurnstileScriptURL string
 	TurnstileTest      bool
 	DevMode            bool
-	Limits             quota.Limits
+}
+
+// Limits are the gate's own bounds.
+type Limits struct {
+	// GlobalDailyTasks is the public lane's site-wide tasks per day.
+	GlobalDailyTasks int64
+	// SiteDailyTokens is the site's token budget (the bill cap of all lanes)
+	// and DailySpendMicro its money cap in micro-units (0: off).
+	SiteDailyTokens, DailySpendMicro int64
+	// FailedChecksPerHour refuses a visitor's creations before siteverify.
+	FailedChecksPerHour int64
+	// StreamsPerPrincipal and StreamsMax bound concurrent event streams;
+	// StreamMaxDuration is a stream's lifetime.
+	StreamsPerPrincipal, StreamsMax int
+	StreamMaxDuration               time.Duration
+	// QueueMax bounds the tasks waiting or running (503 server_busy past it).
+	QueueMax int64
+	// SummaryInterval is how often refusals are summarised in one log line.
+	SummaryInterval time.Duration
 }
 
 // Deps is everything the server needs; each is a parameter so tests can
 // pass fakes.
 type Deps struct {
-	Logger   *slog.Logger
-	Visitors *clientip.Resolver
-	Verifier Verifier
-	Quota    Quota
-	Budget   Budget
-	// MinRunTokens is the reservation of a first model call: what the site
-	// and the visitor must be able to afford for a task to be admitted.
-	MinRunTokens int64
-	Models       ModelHealth
-	Tasks        Tasks
-	Store        TaskStore
-	AITF         *aitf.Guard
-	// Web serves the page at / (nil: no page).
-	Web      http.Handler
+	Logger    *slog.Logger
+	Visitors  *clientip.Resolver
+	Verifier  Verifier
+	Quota     Quota
+	Limiter   Limiter
+	Budget    Budget
+	Policy    func() Policy
+	PlanCache PlanCache
+	// PlanCacheMode says when the cache answers: never, instead of a
+	// budget or model refusal, or first.
+	PlanCacheMode plancache.Mode
+	// MinRunTokens is the reservation of a first model call: what the
+	// principal must be able to afford for a task to be admitted; MinRunCost
+	// the same in money micro-units (0: money is off).
+	MinRunTokens, MinRunCost int64
+	Models                   ModelHealth
+	Tasks                    Tasks
+	Store                    TaskStore
+	Events                   Follower
+	AITF                     *aitf.Guard
+	// Web serves the page at / (nil: no page); Client serves the typed
+	// client module at /api/client.js and its types.
+	Web, Client http.Handler
+	// OpenAPI is the document served at /api/openapi.json.
+	OpenAPI []byte
+	// CORS wraps /api for other origins (nil: same origin only).
+	CORS func(http.Handler) http.Handler
+	// Ready probes the protection keys' Redis for /readyz.
+	Ready    func(ctx context.Context) error
 	Config   PublicConfig
+	Limits   Limits
 	Registry *prometheus.Registry
-	// CSP is the Content-Security-Policy sent with every response.
-	CSP string
-	Now func() time.Time
+	// Metrics: serve /metrics on this handler's listener (false: elsewhere).
+	Metrics bool
+	Now     func() time.Time
 }
 
-// NewServer returns the whole HTTP API as one handler.
-func NewServer(d Deps) http.Handler {
+// Server is the whole HTTP API as one handler, with the background work it
+// needs (the refusal summary).
+type Server struct {
+	h http.Handler
+	s *server
+}
+
+// server holds what the handlers share.
+type server struct {
+	d       Deps
+	m       *metrics
+	errors  *errorTable
+	summary *summary
+	streams *streamCaps
+	memo    *memo
+	ready   *readiness
+}
+
+// NewServer returns the HTTP API.
+func NewServer(d Deps) *Server {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	m := newMetrics(d.Registry)
-	return routes(d, m)
+	if d.Ready == nil {
+		d.Ready = func(context.Context) error { return nil }
+	}
+	s := &server{
+		d:       d,
+		m:       newMetrics(d.Registry),
+		errors:  newErrorTable(errorRows()),
+		summary: newSummary(),
+		streams: newStreamCaps(d.Limits.StreamsPerPrincipal, d.Limits.StreamsMax),
+		memo:    newMemo(200_000, d.Now),
+		ready:   &readiness{probe: d.Ready, now: d.Now},
+	}
+	s.m.streams(d.Registry, s.streams)
+	return &Server{h: s.routes(), s: s}
 }
+
+// ServeHTTP implements http.Handler.
+func (srv *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { srv.h.ServeHTTP(w, r) }
+
+// Run writes the refusal summary every interval until ctx ends.
+func (srv *Server) Run(ctx context.Context) {
+	srv.s.summary.run(ctx, srv.s.d.Logger, srv.s.d.Limits.SummaryInterval)
+}
+
+// Observed counts an AITF observe-mode verdict in the summary (the AITF
+// guard's Observed callback), instead of a log line per request.
+func (srv *Server) Observed(*http.Request, aitf.Result) { srv.s.summary.note("aitf_observed") }
+
+// Forget drops every remembered refusal that a reload raising limits may
+// have made stale.
+func (srv *Server) Forget() { srv.s.memo.forget() }
+
+// Codes lists every error code the server can answer with.
+func (srv *Server) Codes() []string { return srv.s.errors.Codes() }
 
 // RoutePattern is the chi route pattern of a routed request ("unmatched"
 // before routing), a label that cannot grow with user input.
@@ -109,9 +237,4 @@ func RoutePattern(r *http.Request) string {
 		}
 	}
 	return "unmatched"
-}
-
-// RefuseAITF writes the 503 aitf_queue_full envelope (for the AITF guard).
-func RefuseAITF(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
-	writeError(w, r, CodeAITFQueueFull, retryAfter, nil)
 }

@@ -1,168 +1,23 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
-	"mime"
+	"math"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 
 	"faregate/agent/task"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
-	"faregate/protect/clientip"
+	"faregate/protect/plancache"
 	"faregate/protect/quota"
+	"faregate/protect/ratelimit"
 	"faregate/protect/turnstile"
 )
-
-// Input bounds of a task request (the contract's; the page mirrors them).
-const (
-	destinationMax = 80
-	daysMin        = 1
-	daysMax        = 7
-	interestsMax   = 5
-	interestMax    = 32
-)
-
-// createRequest is a validated POST /api/tasks body.
-type createRequest struct {
-	Token string
-	task.Request
-}
-
-// shapeError is a refusal of the request's shape: a code and, for 400s,
-// per-field messages.
-type shapeError struct {
-	code   string
-	fields map[string]string
-}
-
-// readCreateRequest applies the shape checks in the contract's order:
-// media type (415), size (413), then JSON and fields (400).
-func readCreateRequest(r *http.Request) (createRequest, *shapeError) {
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || mt != "application/json" {
-		return createRequest{}, &shapeError{code: CodeUnsupportedMedia}
-	}
-	if r.ContentLength > MaxBody {
-		return createRequest{}, &shapeError{code: CodeRequestTooLarge}
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
-	if err != nil {
-		return createRequest{}, &shapeError{code: CodeInvalidRequest, fields: map[string]string{"body": "could not be read"}}
-	}
-	if len(body) > MaxBody {
-		return createRequest{}, &shapeError{code: CodeRequestTooLarge}
-	}
-	return parseCreateRequest(body)
-}
-
-// parseCreateRequest decodes field by field so each wrong field gets its
-// own message; unknown fields are ignored.
-func parseCreateRequest(body []byte) (createRequest, *shapeError) {
-	invalid := func(fields map[string]string) (createRequest, *shapeError) {
-		return createRequest{}, &shapeError{code: CodeInvalidRequest, fields: fields}
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var obj map[string]json.RawMessage
-	if err := dec.Decode(&obj); err != nil || obj == nil {
-		return invalid(map[string]string{"body": "must be a JSON object"})
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return invalid(map[string]string{"body": "must be a single JSON object"})
-	}
-
-	var req createRequest
-	fields := map[string]string{}
-	isNull := func(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
-
-	if raw, ok := obj["turnstile_token"]; ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &req.Token); err != nil {
-			fields["turnstile_token"] = "must be a string"
-		}
-	}
-
-	if raw := obj["destination"]; isNull(raw) {
-		fields["destination"] = "is required"
-	} else if err := json.Unmarshal(raw, &req.Destination); err != nil {
-		fields["destination"] = "must be a string"
-	} else {
-		req.Destination = strings.TrimSpace(req.Destination)
-		if msg := checkText(req.Destination, destinationMax); msg != "" {
-			fields["destination"] = msg
-		}
-	}
-
-	if raw := obj["days"]; isNull(raw) {
-		fields["days"] = "is required: a whole number from 1 to 7"
-	} else {
-		var n json.Number
-		d := json.NewDecoder(bytes.NewReader(raw))
-		// json.Number would also take a string holding digits; a day count
-		// must be a JSON number.
-		if raw[0] == '"' || d.Decode(&n) != nil {
-			fields["days"] = "must be 1 to 7"
-		} else if v, err := strconv.ParseInt(n.String(), 10, 64); err != nil || v < daysMin || v > daysMax {
-			// A fractional, exponent or out-of-range number is not a day count.
-			fields["days"] = "must be 1 to 7"
-		} else {
-			req.Days = int(v)
-		}
-	}
-
-	req.Interests = []string{}
-	if raw := obj["interests"]; !isNull(raw) {
-		var list []json.RawMessage
-		if err := json.Unmarshal(raw, &list); err != nil {
-			fields["interests"] = "must be a list of strings"
-		} else if len(list) > interestsMax {
-			fields["interests"] = fmt.Sprintf("must have at most %d entries", interestsMax)
-		} else {
-			for _, item := range list {
-				var s string
-				if err := json.Unmarshal(item, &s); err != nil {
-					fields["interests"] = "must be a list of strings"
-					break
-				}
-				s = strings.TrimSpace(s)
-				if msg := checkText(s, interestMax); msg != "" {
-					fields["interests"] = "each " + msg
-					break
-				}
-				req.Interests = append(req.Interests, s)
-			}
-		}
-	}
-	if len(fields) > 0 {
-		return invalid(fields)
-	}
-	return req, nil
-}
-
-// checkText validates a trimmed string: 1..max code points, no control characters.
-func checkText(s string, maxLen int) string {
-	n := utf8.RuneCountInString(s)
-	if n < 1 || n > maxLen {
-		return fmt.Sprintf("must be 1 to %d characters", maxLen)
-	}
-	for _, c := range s {
-		if unicode.IsControl(c) || c == utf8.RuneError {
-			return "must not contain control characters"
-		}
-	}
-	return ""
-}
 
 // createResponse is the 202 body.
 type createResponse struct {
@@ -171,180 +26,280 @@ type createResponse struct {
 	Quota  quotaCounts `json:"quota"`
 }
 
+// quotaCounts are the tasks left today: a visitor's own and the site's, or
+// a key's own.
 type quotaCounts struct {
-	IPRemaining     int64 `json:"ip_remaining"`
-	GlobalRemaining int64 `json:"global_remaining"`
+	IPRemaining     *int64 `json:"ip_remaining,omitempty"`
+	GlobalRemaining *int64 `json:"global_remaining,omitempty"`
+	KeyRemaining    *int64 `json:"key_remaining,omitempty"`
 }
 
-// handleCreateTask is the gate. Checks run in the contract's order, and a
-// request stopped early consumes nothing later in the chain:
-// shape → AITF delay → Turnstile → already over a daily limit → model
-// health → token budget → quota script → store → launch → 202.
-func handleCreateTask(d Deps, m *metrics) http.Handler {
-	deny := func(w http.ResponseWriter, r *http.Request, code string, retry time.Duration, fields map[string]string) {
-		m.denials.WithLabelValues(code).Inc()
-		writeError(w, r, code, retry, fields)
+func countsOf(p Principal, d quota.Decision) quotaCounts {
+	if p.Kind == KindKey {
+		return quotaCounts{KeyRemaining: &d.Remaining}
 	}
+	return quotaCounts{IPRemaining: &d.Remaining, GlobalRemaining: &d.GlobalRemaining}
+}
+
+// errModelUnavailable refuses creations while the primary's breaker is
+// open and no fallback is configured (503 model_unavailable).
+var errModelUnavailable = errors.New("api: model unavailable")
+
+// handleCreateTask is the gate. Its middleware answered the connection
+// limit, the body's headers, the key, the refusals known from memory and
+// the request window (routes.go); the rest runs here in the contract's
+// order, and a request stopped early consumes nothing later in the chain:
+// invalid_request → prompt_rejected → AITF delay and Turnstile (public lane)
+// → daily task limits → plan cache (always) → model health → token and money
+// budget (a cached plan in fallback mode) → token_rate_limited → queue
+// bound → the counting script → store → enqueue → 202.
+func (s *server) handleCreateTask() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lg := Logger(r.Context(), d.Logger)
-		req, bad := readCreateRequest(r)
-		if bad != nil {
-			deny(w, r, bad.code, 0, bad.fields)
+		st := stateOf(r)
+		ctx := r.Context()
+		req, err := readCreateRequest(r)
+		if err != nil {
+			if errors.Is(err, ErrInvalid) {
+				s.failedCheck(r, st)
+			}
+			s.writeErr(w, r, err)
 			return
 		}
-		visitor, ok := clientip.FromContext(r.Context())
-		if !ok {
-			lg.Error("no visitor in context")
-			deny(w, r, CodeInternal, 0, nil)
+		if req.Language == "" {
+			req.Language = languageFrom(r.Header.Get("Accept-Language"))
+		}
+		if rule, bad := st.policy.CheckPrompt(promptTexts(req)...); bad {
+			s.failedCheck(r, st)
+			s.writeErr(w, r, &PromptRejectedError{Rule: rule})
 			return
 		}
 
-		if d.AITF != nil {
-			release, err := d.AITF.Admit(w, r)
+		if st.principal.Kind == KindVisitor {
+			release, err := s.admitAITF(w, r)
 			if err != nil {
-				var full *aitf.QueueFullError
-				if errors.As(err, &full) {
-					deny(w, r, CodeAITFQueueFull, full.RetryAfter, nil)
+				if errors.Is(err, aitf.ErrQueueFull) {
+					s.writeErr(w, r, err)
 				}
 				// Otherwise the client left while queued: nobody to answer.
 				return
 			}
 			defer release()
-		}
-
-		start := time.Now()
-		err := d.Verifier.Verify(r.Context(), req.Token, visitor.RemoteIP())
-		switch {
-		case err == nil:
-			m.siteverify.WithLabelValues("accepted").Observe(time.Since(start).Seconds())
-		case errors.Is(err, turnstile.ErrRejected):
-			m.siteverify.WithLabelValues("rejected").Observe(time.Since(start).Seconds())
-			lg.Info("turnstile rejected", "reason", err.Error())
-			deny(w, r, CodeTurnstileFailed, 0, nil)
-			return
-		default:
-			m.siteverify.WithLabelValues("unavailable").Observe(time.Since(start).Seconds())
-			lg.Warn("turnstile unavailable", "err", err.Error())
-			deny(w, r, CodeProtectionDown, 0, nil)
-			return
-		}
-
-		now := d.Now()
-		start = time.Now()
-		dec, err := d.Quota.Check(r.Context(), visitor.Key())
-		m.quota.WithLabelValues("check", outcome(err, dec.Err)).Observe(time.Since(start).Seconds())
-		if err != nil {
-			lg.Warn("quota check unavailable", "err", err.Error())
-			deny(w, r, CodeProtectionDown, 0, nil)
-			return
-		}
-		if dec.Err != nil {
-			d.rateLimitHeaders(w, dec, now)
-			deny(w, r, quotaCode(dec.Err), quota.UntilReset(now), nil)
-			return
-		}
-
-		if d.Models != nil && d.Models.Status() == task.ModelUnavailable {
-			deny(w, r, CodeModelUnavailable, 0, nil)
-			return
-		}
-
-		day := quota.Day(now)
-		if d.Budget != nil {
-			if err := d.Budget.CanAfford(r.Context(), day, visitor.Key(), d.MinRunTokens); err != nil {
-				if errors.Is(err, budget.ErrExhausted) {
-					d.rateLimitHeaders(w, dec, now)
-					deny(w, r, CodeBudgetExhausted, quota.UntilReset(now), nil)
-					return
+			start := time.Now()
+			err = s.d.Verifier.Verify(ctx, req.Token, st.visitor.RemoteIP())
+			s.m.siteverify.WithLabelValues(verifyOutcome(err)).Observe(time.Since(start).Seconds())
+			if err != nil {
+				if errors.Is(err, turnstile.ErrRejected) {
+					s.failedCheck(r, st)
 				}
-				lg.Warn("budget check unavailable", "err", err.Error())
-				deny(w, r, CodeProtectionDown, 0, nil)
+				s.writeErr(w, r, err)
 				return
 			}
 		}
 
-		start = time.Now()
-		dec, err = d.Quota.Take(r.Context(), visitor.Key())
-		m.quota.WithLabelValues("take", outcome(err, dec.Err)).Observe(time.Since(start).Seconds())
+		subj := s.subject(st)
+		start := time.Now()
+		_, err = s.d.Quota.Check(ctx, subj)
+		s.m.quota.WithLabelValues("check", quotaOutcome(err)).Observe(time.Since(start).Seconds())
 		if err != nil {
-			lg.Warn("quota unavailable", "err", err.Error())
-			deny(w, r, CodeProtectionDown, 0, nil)
-			return
-		}
-		d.rateLimitHeaders(w, dec, now)
-		if dec.Err != nil {
-			deny(w, r, quotaCode(dec.Err), quota.UntilReset(now), nil)
+			s.writeErr(w, r, err)
 			return
 		}
 
-		rec := task.Record{Task: task.Task{Request: req.Request}, Visitor: visitor.Key(), Day: day, RequestID: RequestID(r.Context())}
-		if res, ok := aitf.FromContext(r.Context()); ok {
-			rec.AITF = task.AITFTrace{Score: res.Score, Vector: res.Vector[:], Degraded: res.Degraded}
+		cacheReq := plancache.Request{Destination: req.Destination, Days: req.Days, Interests: req.Interests, Language: req.Language}
+		if s.cacheMode() == plancache.ModeAlways {
+			if s.serveCached(w, r, st, subj, req, cacheReq, nil) {
+				return
+			}
 		}
+		if s.d.Models != nil && s.d.Models.Status() == task.ModelUnavailable {
+			s.refuseOrCached(w, r, st, subj, req, cacheReq, errModelUnavailable)
+			return
+		}
+		if err := s.affordable(ctx, st); err != nil {
+			if errors.Is(err, budget.ErrExhausted) {
+				s.refuseOrCached(w, r, st, subj, req, cacheReq, err)
+				return
+			}
+			s.writeErr(w, r, err)
+			return
+		}
+		if tpm := st.tier.TokensPerMinute; tpm > 0 {
+			ok, wait, err := s.d.Limiter.Peek(ctx, st.principal.Scope(), tpm, s.d.MinRunTokens)
+			switch {
+			case errors.Is(err, ratelimit.ErrTooLarge):
+				// The tier's bucket can never hold one run: a policy mistake,
+				// answered as the refusal it amounts to.
+				s.writeErr(w, r, &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: time.Minute})
+				return
+			case err != nil:
+				s.writeErr(w, r, err)
+				return
+			case !ok:
+				s.writeErr(w, r, &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: wait})
+				return
+			}
+		}
+		if depth, err := s.d.Tasks.Depth(ctx); err != nil {
+			s.writeErr(w, r, err)
+			return
+		} else if depth >= s.d.Limits.QueueMax {
+			s.writeErr(w, r, &retryError{ErrServerBusy, retryAfterUnavailable})
+			return
+		}
+
+		start = time.Now()
+		dec, err := s.d.Quota.Take(ctx, subj)
+		s.m.quota.WithLabelValues("take", quotaOutcome(err)).Observe(time.Since(start).Seconds())
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		rec := s.newRecord(r, st, req)
 		// The task must outlive the request: a client that leaves after being
 		// counted still gets its task.
-		ctx := context.WithoutCancel(r.Context())
-		rec, err = d.Tasks.Create(ctx, rec)
+		rec, err = s.d.Tasks.Submit(context.WithoutCancel(ctx), rec)
 		if err != nil {
-			lg.Error("task not stored after quota was counted", "err", err.Error())
-			deny(w, r, CodeProtectionDown, 0, nil)
+			s.writeErr(w, r, err)
 			return
 		}
-		if err := d.Tasks.Launch(rec); err != nil {
-			lg.Warn("task not launched", "task", rec.ID, "err", err.Error())
-			deny(w, r, CodeProtectionDown, 0, nil)
-			return
-		}
-		m.admissions.Inc()
-		lg.Info("task admitted", "task", rec.ID, "visitor", visitor.String(),
-			"ip_remaining", dec.VisitorRemaining, "global_remaining", dec.GlobalRemaining)
-		w.Header().Set("Location", "/api/tasks/"+rec.ID)
-		writeJSON(w, http.StatusAccepted, createResponse{ID: rec.ID, Status: rec.Status,
-			Quota: quotaCounts{IPRemaining: dec.VisitorRemaining, GlobalRemaining: dec.GlobalRemaining}})
+		s.admitted(w, st, rec, dec)
+		writeJSON(w, http.StatusAccepted, createResponse{ID: rec.ID, Status: rec.Status, Quota: countsOf(st.principal, dec)})
 	})
 }
 
-func outcome(err, deny error) string {
+// admitted records an admission for the log line, the metrics and the
+// RateLimit headers of the principal's policies.
+func (s *server) admitted(w http.ResponseWriter, st *state, rec task.Record, dec quota.Decision) {
+	st.admitted = rec.ID
+	s.m.admissions.WithLabelValues(st.principal.MetricLabel()).Inc()
+	s.admissionHeaders(w.Header(), st, dec)
+	w.Header().Set("Location", "/api/tasks/"+rec.ID)
+}
+
+// newRecord is the stored form of an admitted request: the principal, the
+// limits of its tier as admitted (the run keeps them whatever a reload does
+// meanwhile) and what AITF said.
+func (s *server) newRecord(r *http.Request, st *state, req createRequest) task.Record {
+	rec := task.Record{
+		Task:      task.Task{Request: req.Request},
+		Principal: st.principal.Account(),
+		Tier:      st.tier.Name,
+		Day:       quota.Day(s.d.Now()),
+		RequestID: st.id,
+		Limits: task.Limits{
+			TokensPerDay:    st.tier.TokensPerDay,
+			TokensPerMinute: st.tier.TokensPerMinute,
+			TierTokens:      s.tierTokens(st.tier),
+		},
+	}
+	if res, ok := aitf.FromContext(r.Context()); ok {
+		rec.AITF = task.AITFTrace{Score: res.Score, Vector: res.Vector[:], Degraded: res.Degraded}
+	}
+	return rec
+}
+
+// tierTokens is the tier's share of the site's daily tokens, 0 when it may
+// use all of it (no tier scope is then kept).
+func (s *server) tierTokens(t Tier) int64 {
+	if t.MaxSiteShare <= 0 || t.MaxSiteShare >= 1 {
+		return 0
+	}
+	return max(int64(math.Floor(t.MaxSiteShare*float64(s.d.Limits.SiteDailyTokens))), 1)
+}
+
+// affordable is the admission's budget check: can the principal, its tier
+// and the site afford one minimal run, in tokens and in money.
+func (s *server) affordable(ctx context.Context, st *state) error {
+	if s.d.Budget == nil {
+		return nil
+	}
+	tierTokens := s.tierTokens(st.tier)
+	tier := ""
+	if tierTokens > 0 {
+		tier = st.tier.Name
+	}
+	return s.d.Budget.CanAfford(ctx, budget.AffordRequest{
+		Day: quota.Day(s.d.Now()), Principal: st.principal.Account(), PrincipalLimit: st.tier.TokensPerDay,
+		Tier: tier, TierLimit: tierTokens, Tokens: s.d.MinRunTokens, CostMicro: s.d.MinRunCost,
+	})
+}
+
+func (s *server) cacheMode() plancache.Mode {
+	if s.d.PlanCache == nil {
+		return plancache.ModeOff
+	}
+	return s.d.PlanCacheMode
+}
+
+// refuseOrCached answers a refusal of the model or the budget with a cached
+// plan for the same request in fallback mode, else with the refusal.
+func (s *server) refuseOrCached(w http.ResponseWriter, r *http.Request, st *state, subj quota.Subject, req createRequest, cr plancache.Request, refusal error) {
+	if s.cacheMode() == plancache.ModeFallback && s.serveCached(w, r, st, subj, req, cr, refusal) {
+		return
+	}
+	s.writeErr(w, r, refusal)
+}
+
+// serveCached answers with a plan cached for the same normalised request:
+// the task is counted like any other (the quota moves), spends no tokens,
+// and is stored already succeeded with result.cached set. It reports false
+// when there is no such plan (or the cache cannot be read); the caller then
+// goes on as without a cache. A refusal of the quota is answered here.
+func (s *server) serveCached(w http.ResponseWriter, r *http.Request, st *state, subj quota.Subject, req createRequest, cr plancache.Request, refusal error) bool {
+	ctx := r.Context()
+	plan, ok, err := s.d.PlanCache.Get(ctx, cr)
+	if err != nil || !ok {
+		return false
+	}
+	var res task.Result
+	if err := json.Unmarshal(plan.Result, &res); err != nil {
+		return false
+	}
+	dec, err := s.d.Quota.Take(ctx, subj)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return true
+	}
+	res.Cached = true
+	rec := s.newRecord(r, st, req)
+	rec.Result = &res
+	rec, err = s.d.Tasks.Cached(context.WithoutCancel(ctx), rec)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return true
+	}
+	s.m.cached.Inc()
+	s.admitted(w, st, rec, dec)
+	writeJSON(w, http.StatusAccepted, createResponse{ID: rec.ID, Status: rec.Status, Quota: countsOf(st.principal, dec)})
+	return true
+}
+
+func verifyOutcome(err error) string {
 	switch {
-	case err != nil:
+	case err == nil:
+		return "accepted"
+	case errors.Is(err, turnstile.ErrRejected):
+		return "rejected"
+	}
+	return "unavailable"
+}
+
+func quotaOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "allowed"
+	case errors.Is(err, quota.ErrUnavailable):
 		return "unavailable"
-	case deny != nil:
-		return "denied"
 	}
-	return "allowed"
-}
-
-func quotaCode(err error) string {
-	if errors.Is(err, quota.ErrGlobalLimit) {
-		return CodeGlobalLimit
-	}
-	return CodeIPLimit
-}
-
-// rateLimitHeaders sends the IETF draft (draft-ietf-httpapi-ratelimit-headers)
-// RateLimit-Policy and RateLimit fields for the visitor's daily quota.
-func (d Deps) rateLimitHeaders(w http.ResponseWriter, dec quota.Decision, now time.Time) {
-	limit := d.Quota.Limits().Visitor
-	reset := int64(quota.UntilReset(now) / time.Second)
-	remaining := dec.VisitorRemaining
-	if errors.Is(dec.Err, quota.ErrVisitorLimit) {
-		remaining = 0
-	}
-	w.Header().Set("RateLimit-Policy", fmt.Sprintf(`"daily";q=%d;w=86400`, limit))
-	w.Header().Set("RateLimit", fmt.Sprintf(`"daily";r=%d;t=%d`, remaining, reset))
+	return "denied"
 }
 
 // handleGetTask answers GET /api/tasks/{id}.
-func handleGetTask(d Deps) http.Handler {
+func (s *server) handleGetTask() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec, err := d.Store.Get(r.Context(), chi.URLParam(r, "id"))
-		switch {
-		case errors.Is(err, task.ErrNotFound):
-			writeError(w, r, CodeTaskNotFound, 0, nil)
-			return
-		case err != nil:
-			Logger(r.Context(), d.Logger).Warn("task read failed", "err", err.Error())
-			writeError(w, r, CodeProtectionDown, 0, nil)
+		rec, err := s.d.Store.Get(r.Context(), chi.URLParam(r, "id"))
+		if err != nil {
+			s.writeErr(w, r, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, rec.Task)
@@ -361,11 +316,13 @@ type configResponse struct {
 	OfflineModel       bool        `json:"offline_model"`
 	Limits             limitsBody  `json:"limits"`
 	Input              inputLimits `json:"input"`
+	Languages          []string    `json:"languages"`
 }
 
 type limitsBody struct {
-	IPDaily     int64 `json:"ip_daily"`
-	GlobalDaily int64 `json:"global_daily"`
+	IPDaily           int64 `json:"ip_daily"`
+	GlobalDaily       int64 `json:"global_daily"`
+	RequestsPerMinute int64 `json:"requests_per_minute"`
 }
 
 type inputLimits struct {
@@ -376,42 +333,24 @@ type inputLimits struct {
 	InterestMax    int `json:"interest_max"`
 }
 
-func handleConfig(d Deps) http.Handler {
+func (s *server) handleConfig() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		status, offline := task.ModelOK, false
-		if d.Models != nil {
-			status, offline = d.Models.Status(), d.Models.Offline()
+		if s.d.Models != nil {
+			status, offline = s.d.Models.Status(), s.d.Models.Offline()
 		}
+		pub := stateOf(r).policy.Public()
 		writeJSON(w, http.StatusOK, configResponse{
-			TurnstileSiteKey:   d.Config.TurnstileSiteKey,
-			TurnstileScriptURL: d.Config.TurnstileScriptURL,
-			TurnstileTest:      d.Config.TurnstileTest,
-			DevMode:            d.Config.DevMode,
+			TurnstileSiteKey:   s.d.Config.TurnstileSiteKey,
+			TurnstileScriptURL: s.d.Config.TurnstileScriptURL,
+			TurnstileTest:      s.d.Config.TurnstileTest,
+			DevMode:            s.d.Config.DevMode,
 			ModelStatus:        status,
 			OfflineModel:       offline,
-			Limits:             limitsBody{IPDaily: d.Config.Limits.Visitor, GlobalDaily: d.Config.Limits.Global},
+			Limits:             limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute},
 			Input: inputLimits{DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
 				InterestsMax: interestsMax, InterestMax: interestMax},
+			Languages: []string{task.LangEnglish, task.LangChinese},
 		})
-	})
-}
-
-func handleHealth() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-}
-
-// handleReady is 200 only while Redis answers: a replica that cannot check
-// quotas should get no traffic.
-func handleReady(d Deps) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := d.Store.Ping(ctx); err != nil {
-			writeError(w, r, CodeProtectionDown, 0, nil)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 }

@@ -21,10 +21,20 @@ const (
 	StatusFailed    = "failed"
 )
 
-// Task failure codes (stable: the page maps them to messages).
+// Task failure codes (stable: the page maps them to messages). Two of them
+// are also HTTP error codes of the same meaning; this is their one definition.
 const (
 	CodeModelUnavailable = "model_unavailable"
 	CodeAgentFailed      = "agent_failed"
+	// CodeWorkerLost: the replica running the task stopped (its lease
+	// lapsed); the task is not run twice, since it may have spent tokens.
+	CodeWorkerLost = "worker_lost"
+	// CodeInputSpike: a model call's prompt was over 10× the principal's
+	// average; the call was not made.
+	CodeInputSpike = "input_spike"
+	// CodeTokenRateLimited: a model call could not get tokens from the
+	// principal's or the site's tokens-per-minute bucket in time.
+	CodeTokenRateLimited = "token_rate_limited"
 )
 
 // Warning codes a run may end with (stable: the page explains each).
@@ -105,6 +115,9 @@ type Result struct {
 	// Language is the language the plan is written in, so the page can
 	// mark it with a lang attribute.
 	Language string `json:"language"`
+	// Cached is true when the plan was served from the plan cache for the
+	// same request instead of a new run (no tokens spent).
+	Cached bool `json:"cached,omitempty"`
 }
 
 // Usage is the tokens the run's model calls consumed.
@@ -137,13 +150,30 @@ type Task struct {
 func (t Task) Final() bool { return t.Status == StatusSucceeded || t.Status == StatusFailed }
 
 // Record is a task as stored: the public Task plus what the server needs to
-// run and account for it. Visitor is the keyed hash, never an address.
+// run and account for it.
 type Record struct {
 	Task
-	Visitor   string    `json:"visitor"`
+	// Principal is who the task counts against, as budgets and the ledger
+	// name it: "v_<visitor hash>" (never an address) or "k_<key id>".
+	Principal string `json:"principal"`
+	// Tier is the principal's tier when the task was admitted, and Limits
+	// that tier's limits then: the run keeps them whatever a reload does.
+	Tier      string    `json:"tier"`
+	Limits    Limits    `json:"limits"`
 	Day       string    `json:"day"`
 	RequestID string    `json:"request_id,omitempty"`
 	AITF      AITFTrace `json:"aitf"`
+}
+
+// Limits are the token limits a run is held to besides the site's.
+type Limits struct {
+	// TokensPerDay is the principal's daily tokens.
+	TokensPerDay int64 `json:"tokens_per_day"`
+	// TokensPerMinute is the principal's token bucket rate (0: none).
+	TokensPerMinute int64 `json:"tokens_per_minute"`
+	// TierTokens is the tier's share of the site's daily tokens (0: no
+	// share is kept; the tier may use the whole site budget).
+	TierTokens int64 `json:"tier_tokens"`
 }
 
 // AITFTrace is what the AI-traffic scorer said about the creating request.

@@ -22,8 +22,9 @@ type config struct {
 	Addr string `env:"ADDR" envDefault:"127.0.0.1:8080"`
 	Dev  bool   `env:"DEV" envDefault:"false"`
 
-	RedisURL     string `env:"REDIS_URL"`
-	RedisCluster bool   `env:"REDIS_CLUSTER" envDefault:"false"`
+	RedisURL     string        `env:"REDIS_URL"`
+	RedisCluster bool          `env:"REDIS_CLUSTER" envDefault:"false"`
+	RedisTimeout time.Duration `env:"REDIS_TIMEOUT" envDefault:"2s"`
 
 	TurnstileSecret    string        `env:"TURNSTILE_SECRET_KEY"`
 	TurnstileSiteKey   string        `env:"TURNSTILE_SITE_KEY" envDefault:"1x00000000000000000000AA"`
@@ -77,6 +78,19 @@ type config struct {
 	AITFDegradeBacklog int     `env:"AITF_DEGRADE_BACKLOG" envDefault:"500"`
 	AITFMaxQueue       int     `env:"AITF_MAX_QUEUE" envDefault:"2000"`
 	AITFDebug          bool    `env:"AITF_DEBUG" envDefault:"false"`
+
+	StreamsPerVisitor   int           `env:"STREAMS_PER_VISITOR" envDefault:"4"`
+	StreamsMax          int           `env:"STREAMS_MAX" envDefault:"2000"`
+	StreamMaxDuration   time.Duration `env:"STREAM_MAX_DURATION" envDefault:"15m"`
+	RequestsPerMinute   int64         `env:"REQUESTS_PER_MINUTE" envDefault:"120"`
+	FailedChecksPerHour int64         `env:"FAILED_CHECKS_PER_HOUR" envDefault:"20"`
+	LogSummaryInterval  time.Duration `env:"LOG_SUMMARY_INTERVAL" envDefault:"10s"`
+	MaxConnections      int           `env:"MAX_CONNECTIONS" envDefault:"0"`
+	ConnectionsPerPeer  int           `env:"CONNECTIONS_PER_PEER" envDefault:"0"`
+	IdleTimeout         time.Duration `env:"IDLE_TIMEOUT" envDefault:"30s"`
+
+	TaskLease time.Duration `env:"TASK_LEASE" envDefault:"30s"`
+	QueueMax  int64         `env:"QUEUE_MAX" envDefault:"200"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
 	LogLevel        string        `env:"LOG_LEVEL" envDefault:"info"`
@@ -135,13 +149,33 @@ func parseErrors(err error) error {
 		var pe env.ParseError
 		if errors.As(e, &pe) {
 			if f, ok := reflect.TypeOf(config{}).FieldByName(pe.Name); ok {
-				out = append(out, fmt.Errorf("FAREGATE_%s: want a %s (%v)", f.Tag.Get("env"), pe.Type, errors.Unwrap(pe.Err)))
+				out = append(out, fmt.Errorf("FAREGATE_%s: %s", f.Tag.Get("env"), wantType(pe)))
 				continue
 			}
 		}
 		out = append(out, e)
 	}
 	return errors.Join(out...)
+}
+
+// wantType says what a variable of pe's type looks like, with the parser's
+// own complaint.
+func wantType(pe env.ParseError) string {
+	what := "a " + pe.Type.String()
+	switch pe.Type {
+	case reflect.TypeOf(time.Duration(0)):
+		what = "a duration with a unit, such as 90s, 15m or 1h"
+	case reflect.TypeOf(0), reflect.TypeOf(int64(0)), reflect.TypeOf(uint32(0)):
+		what = "a whole number"
+	case reflect.TypeOf(0.0):
+		what = "a number"
+	case reflect.TypeOf(false):
+		what = "true or false"
+	}
+	if pe.Err != nil {
+		return "want " + what + " (" + pe.Err.Error() + ")"
+	}
+	return "want " + what
 }
 
 // configKeys lists every variable name (without prefix) the struct reads, so
@@ -159,8 +193,8 @@ func (c *config) validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
-	host, _, err := net.SplitHostPort(c.Addr)
-	if err != nil {
+	host, _, addrErr := net.SplitHostPort(c.Addr)
+	if addrErr != nil {
 		bad("FAREGATE_ADDR %q: want host:port", c.Addr)
 	}
 	if c.RedisURL != "" {
@@ -182,21 +216,22 @@ func (c *config) validate() error {
 		c.TurnstileHostnames[i] = strings.ToLower(strings.TrimSpace(h))
 	}
 	c.TurnstileHostnames = slices.DeleteFunc(c.TurnstileHostnames, func(s string) bool { return s == "" })
-	for name, raw := range map[string]string{
-		"FAREGATE_TURNSTILE_VERIFY_URL":  c.TurnstileVerifyURL,
-		"FAREGATE_TURNSTILE_SCRIPT_URL":  c.TurnstileScriptURL,
-		"FAREGATE_WEATHER_URL":           c.WeatherURL,
-		"FAREGATE_GEOCODING_URL":         c.GeocodingURL,
-		"FAREGATE_SEARCH_URL":            c.SearchURL,
-		"FAREGATE_LLM_BASE_URL":          c.LLMBaseURL,
-		"FAREGATE_LLM_FALLBACK_BASE_URL": c.FallbackBaseURL,
-		"FAREGATE_PUBLIC_URL":            c.PublicURL,
+	// A list, not a map: errors are reported in a stable order.
+	for _, v := range []struct{ name, raw string }{
+		{"FAREGATE_TURNSTILE_VERIFY_URL", c.TurnstileVerifyURL},
+		{"FAREGATE_TURNSTILE_SCRIPT_URL", c.TurnstileScriptURL},
+		{"FAREGATE_WEATHER_URL", c.WeatherURL},
+		{"FAREGATE_GEOCODING_URL", c.GeocodingURL},
+		{"FAREGATE_SEARCH_URL", c.SearchURL},
+		{"FAREGATE_LLM_BASE_URL", c.LLMBaseURL},
+		{"FAREGATE_LLM_FALLBACK_BASE_URL", c.FallbackBaseURL},
+		{"FAREGATE_PUBLIC_URL", c.PublicURL},
 	} {
-		if raw == "" {
+		if v.raw == "" {
 			continue
 		}
-		if u, err := url.Parse(raw); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("%s %q: want an http(s) URL", name, raw)
+		if u, err := url.Parse(v.raw); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("%s %q: want an http(s) URL", v.name, v.raw)
 		}
 	}
 	if c.TurnstileTimeout <= 0 || c.TurnstileTimeout > time.Minute {
@@ -208,6 +243,7 @@ func (c *config) validate() error {
 	if c.GlobalDailyLimit < 1 {
 		bad("FAREGATE_GLOBAL_DAILY_LIMIT: want at least 1")
 	}
+	var err error
 	if c.trusted, err = clientip.ParseTrusted(c.TrustedProxies); err != nil {
 		bad("FAREGATE_TRUSTED_PROXIES: %v", err)
 	}
@@ -261,6 +297,38 @@ func (c *config) validate() error {
 	if c.ShutdownTimeout <= 0 {
 		bad("FAREGATE_SHUTDOWN_TIMEOUT: want a positive duration")
 	}
+	if c.StreamsPerVisitor < 1 || c.StreamsMax < 1 {
+		bad("FAREGATE_STREAMS_PER_VISITOR and FAREGATE_STREAMS_MAX: want at least 1")
+	}
+	if c.StreamMaxDuration < time.Second {
+		bad("FAREGATE_STREAM_MAX_DURATION: want at least 1s")
+	}
+	if c.RequestsPerMinute < 1 {
+		bad("FAREGATE_REQUESTS_PER_MINUTE: want at least 1")
+	}
+	if c.FailedChecksPerHour < 1 {
+		bad("FAREGATE_FAILED_CHECKS_PER_HOUR: want at least 1")
+	}
+	if c.LogSummaryInterval < 100*time.Millisecond {
+		bad("FAREGATE_LOG_SUMMARY_INTERVAL: want at least 100ms")
+	}
+	if c.MaxConnections < 0 || c.ConnectionsPerPeer < 0 {
+		bad("FAREGATE_MAX_CONNECTIONS and FAREGATE_CONNECTIONS_PER_PEER: want 0 (automatic / off) or more")
+	}
+	if c.IdleTimeout < time.Second {
+		bad("FAREGATE_IDLE_TIMEOUT: want at least 1s")
+	}
+	if c.TaskLease < 3*time.Second {
+		// Renewed every third of it: shorter leases would need renewals
+		// faster than a busy machine can promise.
+		bad("FAREGATE_TASK_LEASE: want at least 3s")
+	}
+	if c.RedisTimeout < 100*time.Millisecond || c.RedisTimeout > time.Minute {
+		bad("FAREGATE_REDIS_TIMEOUT: want between 100ms and 1m")
+	}
+	if c.QueueMax < 1 {
+		bad("FAREGATE_QUEUE_MAX: want at least 1")
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -274,7 +342,7 @@ func (c *config) validate() error {
 
 	// Embedded defaults are for a laptop. On an address others can reach they
 	// would silently protect nothing, so refuse unless the operator says so.
-	if err == nil && !c.Dev && !isLoopbackHost(host) {
+	if addrErr == nil && !c.Dev && !isLoopbackHost(host) {
 		if defs := c.embeddedDefaults(); len(defs) > 0 {
 			names := make([]string, len(defs))
 			for i, d := range defs {

@@ -1,13 +1,24 @@
-// Package quota counts task creations per visitor and for the whole site per
-// UTC day, in Redis, with one Lua script that checks both limits and
-// increments both atomically. Replicas share the counters, so limits hold
-// exactly however many processes serve the site.
+// Package quota counts task creations per principal and for the whole site
+// per UTC day, in Redis, with one Lua script that checks the limits and
+// increments the counters atomically. Replicas share the counters, so limits
+// hold exactly however many processes serve the site.
+//
+// A principal is either an anonymous visitor (its keyed IP hash), counted
+// against its own daily limit and the site's, or an API key, counted against
+// its own daily limit only (the site's limit is the public lane's).
+//
+// Every counting script carries an attempt id and records its answer under
+// it for a few minutes, so a script that Redis applied but whose reply was
+// lost, and that the client (go-redis, or the cluster client's own retry
+// loop) sends again, is applied once and answered the same.
 package quota
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -18,20 +29,55 @@ import (
 // in every time zone's view of it, short enough that Redis cleans up itself.
 const KeyTTL = 48 * time.Hour
 
+// attemptTTL is how long an attempt's answer is kept for a re-sent script.
+// A client re-sends within its timeouts, a few seconds.
+const attemptTTL = 5 * time.Minute
+
 var (
 	// ErrVisitorLimit: the visitor used its daily tasks (429 demo_ip_limit_reached).
 	ErrVisitorLimit = errors.New("quota: visitor daily limit reached")
 	// ErrGlobalLimit: the site used its daily tasks (429 demo_global_limit_reached).
 	ErrGlobalLimit = errors.New("quota: global daily limit reached")
+	// ErrKeyLimit: the API key used its daily tasks (429 key_daily_limit_reached).
+	ErrKeyLimit = errors.New("quota: key daily limit reached")
 	// ErrUnavailable: Redis did not answer; the caller must refuse (503), never admit.
 	ErrUnavailable = errors.New("quota: unavailable")
+	// ErrInvalid: a subject without a principal or with a limit below 1.
+	ErrInvalid = errors.New("quota: invalid subject")
 )
 
-// takeScript checks both limits and counts both, or neither. The visitor's
-// limit is checked first so that when both are exhausted the visitor's code wins.
-// Replies {decision, visitor_remaining, global_remaining}; decision 0 admits,
-// 1 refuses for the visitor, 2 for the site.
+// LimitError is a refusal: which daily limit was reached, how many tasks
+// that limit allows, and how long until it resets (the next UTC midnight).
+type LimitError struct {
+	// Err is ErrVisitorLimit, ErrGlobalLimit or ErrKeyLimit.
+	Err error
+	// Limit is the refusing limit's tasks per day.
+	Limit int64
+	// After is the time from the refusal to the next UTC midnight.
+	After time.Duration
+}
+
+// Error names the limit.
+func (e *LimitError) Error() string { return e.Err.Error() }
+
+// Unwrap lets errors.Is match the sentinel.
+func (e *LimitError) Unwrap() error { return e.Err }
+
+// RetryAfter is the time until the limit resets.
+func (e *LimitError) RetryAfter() time.Duration { return e.After }
+
+// takeScript checks the visitor's and the site's limits and counts both, or
+// neither. The visitor's limit is checked first so that when both are
+// exhausted the visitor's code wins. KEYS: visitor, global, attempt. ARGV:
+// visitor limit, global limit, ttl, attempt ttl.
+// Replies {decision, visitor_remaining, global_remaining}; decision 0
+// admits, 1 refuses for the visitor, 2 for the site.
 var takeScript = redis.NewScript(`
+local seen = redis.call('GET', KEYS[3])
+if seen then
+  local a, b, c = string.match(seen, '^(%d+),(%d+),(%d+)$')
+  return {tonumber(a), tonumber(b), tonumber(c)}
+end
 local ip = tonumber(redis.call('GET', KEYS[1]) or '0')
 local g = tonumber(redis.call('GET', KEYS[2]) or '0')
 local ipl = tonumber(ARGV[1])
@@ -41,66 +87,107 @@ local function rem(limit, used)
   if used >= limit then return 0 end
   return limit - used
 end
-if ip >= ipl then return {1, rem(ipl, ip), rem(gl, g)} end
-if g >= gl then return {2, rem(ipl, ip), rem(gl, g)} end
-ip = redis.call('INCR', KEYS[1])
-if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ttl) end
-g = redis.call('INCR', KEYS[2])
-if redis.call('TTL', KEYS[2]) < 0 then redis.call('EXPIRE', KEYS[2], ttl) end
-return {0, rem(ipl, ip), rem(gl, g)}
+local out
+if ip >= ipl then
+  out = {1, rem(ipl, ip), rem(gl, g)}
+elseif g >= gl then
+  out = {2, rem(ipl, ip), rem(gl, g)}
+else
+  ip = redis.call('INCR', KEYS[1])
+  if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+  g = redis.call('INCR', KEYS[2])
+  if redis.call('TTL', KEYS[2]) < 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+  out = {0, rem(ipl, ip), rem(gl, g)}
+end
+redis.call('SET', KEYS[3], out[1] .. ',' .. out[2] .. ',' .. out[3], 'EX', ARGV[4])
+return out
 `)
 
-// Limits are the daily task limits.
-type Limits struct {
-	Visitor int64
-	Global  int64
+// takeKeyScript counts one task against an API key's own daily limit.
+// KEYS: key counter, attempt. ARGV: limit, ttl, attempt ttl.
+// Replies {decision, remaining}; decision 0 admits, 3 refuses.
+var takeKeyScript = redis.NewScript(`
+local seen = redis.call('GET', KEYS[2])
+if seen then
+  local a, b = string.match(seen, '^(%d+),(%d+)$')
+  return {tonumber(a), tonumber(b)}
+end
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local limit = tonumber(ARGV[1])
+local out
+if used >= limit then
+  out = {3, 0}
+else
+  used = redis.call('INCR', KEYS[1])
+  if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+  local rem = limit - used
+  if rem < 0 then rem = 0 end
+  out = {0, rem}
+end
+redis.call('SET', KEYS[2], out[1] .. ',' .. out[2], 'EX', ARGV[3])
+return out
+`)
+
+// Subject is who a task is counted against, with the limits in force for it.
+type Subject struct {
+	// Visitor is the visitor's keyed hash; Key an API key's id. Exactly one is set.
+	Visitor, Key string
+	// Limit is the principal's tasks per day (the public tier's for
+	// visitors, the key's tier's for keys).
+	Limit int64
+	// Global is the public lane's site-wide tasks per day; keys ignore it.
+	Global int64
 }
 
-// Decision is the outcome of a check or a take.
+func (s Subject) valid() error {
+	if (s.Visitor == "") == (s.Key == "") || s.Limit < 1 || (s.Visitor != "" && s.Global < 1) {
+		return ErrInvalid
+	}
+	return nil
+}
+
+// Decision is what a check or a take found: the principal's remaining
+// tasks (and the site's, for visitors) after it, and when they reset.
 type Decision struct {
-	// Err is nil when admitted, else ErrVisitorLimit or ErrGlobalLimit.
-	Err              error
-	VisitorRemaining int64
-	GlobalRemaining  int64
+	// Remaining is the principal's tasks left today; Limit its daily limit.
+	Remaining, Limit int64
+	// GlobalRemaining is the site's tasks left today (visitors only).
+	GlobalRemaining int64
 	// Reset is the next UTC midnight, when the counters start again.
 	Reset time.Time
 }
 
-// Allowed reports whether the decision admits.
-func (d Decision) Allowed() bool { return d.Err == nil }
-
 // Quota is safe for concurrent use.
 type Quota struct {
-	rdb    redis.Scripter
-	limits Limits
-	now    func() time.Time
+	rdb redis.Scripter
+	now func() time.Time
 
-	// Denials cannot be undone within their UTC day, so a visitor (or the
+	// Denials cannot be undone within their UTC day, so a principal (or the
 	// site) once refused is refused again from memory: cheap under a flood,
 	// and it still works while Redis is down. Admissions always ask Redis.
+	// Each memory holds the limit it was reached at: a limit raised since
+	// (a policy reload) makes it stale, and Redis is asked again.
 	mu            sync.Mutex
 	denialDay     string
-	deniedVisitor map[string]struct{}
-	deniedGlobal  bool
+	deniedVisitor map[string]int64
+	deniedKey     map[string]int64
+	deniedGlobal  int64 // the global limit the site was refused at; 0: not refused
 }
 
-// maxRemembered bounds the denial memory; past it, denials still work, they
-// just ask Redis again.
+// maxRemembered bounds each denial memory; past it, denials still work,
+// they just ask Redis again.
 const maxRemembered = 200_000
 
 // New returns a Quota on rdb. now may be nil (time.Now).
-func New(rdb redis.Scripter, limits Limits, now func() time.Time) *Quota {
+func New(rdb redis.Scripter, now func() time.Time) *Quota {
 	if now == nil {
 		now = time.Now
 	}
-	return &Quota{rdb: rdb, limits: limits, now: now, deniedVisitor: map[string]struct{}{}}
+	return &Quota{rdb: rdb, now: now, deniedVisitor: map[string]int64{}, deniedKey: map[string]int64{}}
 }
 
-// Limits returns the configured limits.
-func (q *Quota) Limits() Limits { return q.limits }
-
 // Day is the UTC date of t as used in keys.
-func Day(t time.Time) string { return t.UTC().Format("2006-01-02") }
+func Day(t time.Time) string { return t.UTC().Format(time.DateOnly) }
 
 // VisitorKey and GlobalKey are the contract's key names; {day} is a hash tag
 // so one day's keys share a Redis Cluster slot and one script may touch both.
@@ -109,66 +196,109 @@ func VisitorKey(day, visitor string) string { return "faregate:quota:{" + day + 
 // GlobalKey is the site-wide counter of day.
 func GlobalKey(day string) string { return "faregate:quota:{" + day + "}:global" }
 
+// KeyKey is an API key's counter of day.
+func KeyKey(day, id string) string { return "faregate:quota:{" + day + "}:key:" + id }
+
+func attemptKey(day, id string) string { return "faregate:quota:{" + day + "}:att:" + id }
+
 // UntilReset is the time from now to the next UTC midnight, at least 1s.
 func UntilReset(now time.Time) time.Duration {
-	d := nextMidnight(now).Sub(now)
+	d := NextMidnight(now).Sub(now)
 	if d < time.Second {
 		d = time.Second
 	}
 	return d
 }
 
-func nextMidnight(now time.Time) time.Time {
+// NextMidnight is the next UTC midnight after now.
+func NextMidnight(now time.Time) time.Time {
 	u := now.UTC()
 	return time.Date(u.Year(), u.Month(), u.Day()+1, 0, 0, 0, 0, time.UTC)
 }
 
-// Remembered answers from the denial memory alone: a refusal when the
-// visitor or the site is already known to be over its limit today, or false.
-// It never admits; it needs no Redis.
-func (q *Quota) Remembered(visitor string) (Decision, bool) {
+func (q *Quota) refusal(sentinel error, limit int64, now time.Time) *LimitError {
+	return &LimitError{Err: sentinel, Limit: limit, After: UntilReset(now)}
+}
+
+// Remembered answers from the denial memory alone: a *LimitError when the
+// principal or (for visitors) the site is already known to be over its
+// limit today, else nil. It never admits and needs no Redis.
+func (q *Quota) Remembered(s Subject) error {
 	now := q.now()
 	day := Day(now)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.rollLocked(day)
-	if _, ok := q.deniedVisitor[visitor]; ok {
-		return Decision{Err: ErrVisitorLimit, Reset: nextMidnight(now)}, true
+	if s.Key != "" {
+		if at, ok := q.deniedKey[s.Key]; ok && s.Limit <= at {
+			return q.refusal(ErrKeyLimit, s.Limit, now)
+		}
+		return nil
 	}
-	if q.deniedGlobal {
+	if at, ok := q.deniedVisitor[s.Visitor]; ok && s.Limit <= at {
+		return q.refusal(ErrVisitorLimit, s.Limit, now)
+	}
+	if q.deniedGlobal > 0 && s.Global <= q.deniedGlobal {
 		// Whatever the visitor's own count, nothing more can start today.
-		return Decision{Err: ErrGlobalLimit, Reset: nextMidnight(now)}, true
+		return q.refusal(ErrGlobalLimit, s.Global, now)
 	}
-	return Decision{}, false
+	return nil
 }
 
-// Check reads both counters without changing them: the early "already over
-// its limit" refusal that runs before costlier checks. A nil error with an
-// allowed decision does not reserve anything; Take decides.
-func (q *Quota) Check(ctx context.Context, visitor string) (Decision, error) {
-	if d, ok := q.Remembered(visitor); ok {
-		return d, nil
+// Check reads the counters without changing them: the early "already over
+// its limit" refusal that runs before costlier checks. It returns the
+// decision and a *LimitError when over a limit; an allowed check reserves
+// nothing, Take decides.
+func (q *Quota) Check(ctx context.Context, s Subject) (Decision, error) {
+	if err := s.valid(); err != nil {
+		return Decision{}, err
 	}
 	now := q.now()
+	d := Decision{Limit: s.Limit, Reset: NextMidnight(now)}
+	if err := q.Remembered(s); err != nil {
+		return d, err
+	}
 	day := Day(now)
-	// MGET of two keys in one slot works on Redis Cluster too (same hash tag).
-	vals, err := q.mget(ctx, VisitorKey(day, visitor), GlobalKey(day))
+	keys := []string{KeyKey(day, s.Key)}
+	if s.Visitor != "" {
+		// MGET of two keys in one slot works on Redis Cluster too (same hash tag).
+		keys = []string{VisitorKey(day, s.Visitor), GlobalKey(day)}
+	}
+	vals, err := q.mget(ctx, keys...)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	d := Decision{
-		VisitorRemaining: max(q.limits.Visitor-vals[0], 0),
-		GlobalRemaining:  max(q.limits.Global-vals[1], 0),
-		Reset:            nextMidnight(now),
+	d.Remaining = max(s.Limit-vals[0], 0)
+	if s.Key != "" {
+		var lerr error
+		if vals[0] >= s.Limit {
+			lerr = q.refusal(ErrKeyLimit, s.Limit, now)
+		}
+		q.remember(day, s, 3, d)
+		return d, lerr
 	}
+	d.GlobalRemaining = max(s.Global-vals[1], 0)
+	code := int64(0)
 	switch {
-	case vals[0] >= q.limits.Visitor:
-		d.Err = ErrVisitorLimit
-	case vals[1] >= q.limits.Global:
-		d.Err = ErrGlobalLimit
+	case vals[0] >= s.Limit:
+		code = 1
+	case vals[1] >= s.Global:
+		code = 2
 	}
-	q.remember(day, visitor, d)
-	return d, nil
+	q.remember(day, s, code, d)
+	return d, q.decisionErr(code, s, now)
+}
+
+func (q *Quota) decisionErr(code int64, s Subject, now time.Time) error {
+	switch code {
+	case 1:
+		return q.refusal(ErrVisitorLimit, s.Limit, now)
+	case 2:
+		return q.refusal(ErrGlobalLimit, s.Global, now)
+	case 3:
+		return q.refusal(ErrKeyLimit, s.Limit, now)
+	}
+	return nil
 }
 
 func (q *Quota) mget(ctx context.Context, keys ...string) ([]int64, error) {
@@ -186,8 +316,8 @@ func (q *Quota) mget(ctx context.Context, keys ...string) ([]int64, error) {
 			continue
 		}
 		s, _ := v.(string)
-		var n int64
-		if _, err := fmt.Sscan(s, &n); err != nil {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
 			return nil, fmt.Errorf("counter %s: %q", keys[i], s)
 		}
 		out[i] = n
@@ -195,53 +325,72 @@ func (q *Quota) mget(ctx context.Context, keys ...string) ([]int64, error) {
 	return out, nil
 }
 
-// Take checks both limits and, when both allow, counts the task against both,
-// in one atomic script. Any Redis failure is ErrUnavailable: never an admission.
-func (q *Quota) Take(ctx context.Context, visitor string) (Decision, error) {
-	if d, ok := q.Remembered(visitor); ok {
-		return d, nil
+// Take checks the limits and, when they allow, counts the task, in one
+// atomic script. It returns the decision and a *LimitError when refused.
+// Any Redis failure is ErrUnavailable: never an admission.
+func (q *Quota) Take(ctx context.Context, s Subject) (Decision, error) {
+	if err := s.valid(); err != nil {
+		return Decision{}, err
 	}
 	now := q.now()
+	d := Decision{Limit: s.Limit, Reset: NextMidnight(now)}
+	if err := q.Remembered(s); err != nil {
+		return d, err
+	}
 	day := Day(now)
-	keys := []string{VisitorKey(day, visitor), GlobalKey(day)}
-	res, err := takeScript.Run(ctx, q.rdb, keys, q.limits.Visitor, q.limits.Global, int64(KeyTTL/time.Second)).Int64Slice()
+	// The attempt id is fixed before the call, so every re-send of this
+	// script (by any retry loop below us) carries the same one.
+	att := attemptKey(day, rand.Text())
+	var res []int64
+	var err error
+	if s.Key != "" {
+		res, err = takeKeyScript.Run(ctx, q.rdb, []string{KeyKey(day, s.Key), att},
+			s.Limit, int64(KeyTTL/time.Second), int64(attemptTTL/time.Second)).Int64Slice()
+		if err == nil && len(res) == 2 {
+			res = []int64{res[0], res[1], 0}
+		}
+	} else {
+		res, err = takeScript.Run(ctx, q.rdb, []string{VisitorKey(day, s.Visitor), GlobalKey(day), att},
+			s.Limit, s.Global, int64(KeyTTL/time.Second), int64(attemptTTL/time.Second)).Int64Slice()
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	if len(res) != 3 {
 		return Decision{}, fmt.Errorf("%w: script answered %v", ErrUnavailable, res)
 	}
-	d := Decision{VisitorRemaining: res[1], GlobalRemaining: res[2], Reset: nextMidnight(now)}
-	switch res[0] {
-	case 1:
-		d.Err = ErrVisitorLimit
-	case 2:
-		d.Err = ErrGlobalLimit
-	}
-	q.remember(day, visitor, d)
-	return d, nil
+	d.Remaining, d.GlobalRemaining = res[1], res[2]
+	q.remember(day, s, res[0], d)
+	return d, q.decisionErr(res[0], s, now)
 }
 
 // remember records refusals, and admissions that used the last slot, so the
 // next request is refused from memory.
-func (q *Quota) remember(day, visitor string, d Decision) {
+func (q *Quota) remember(day string, s Subject, code int64, d Decision) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.rollLocked(day)
-	if d.Err == ErrVisitorLimit || (d.Err == nil && d.VisitorRemaining == 0) {
+	switch {
+	case s.Key != "":
+		if (code == 3 || (code == 0 && d.Remaining == 0)) && len(q.deniedKey) < maxRemembered {
+			q.deniedKey[s.Key] = s.Limit
+		}
+		return
+	case code == 1 || (code == 0 && d.Remaining == 0):
 		if len(q.deniedVisitor) < maxRemembered {
-			q.deniedVisitor[visitor] = struct{}{}
+			q.deniedVisitor[s.Visitor] = s.Limit
 		}
 	}
-	if d.Err == ErrGlobalLimit || (d.Err == nil && d.GlobalRemaining == 0) {
-		q.deniedGlobal = true
+	if code == 2 || (code == 0 && d.GlobalRemaining == 0) {
+		q.deniedGlobal = s.Global
 	}
 }
 
 func (q *Quota) rollLocked(day string) {
 	if q.denialDay != day {
 		q.denialDay = day
-		q.deniedVisitor = map[string]struct{}{}
-		q.deniedGlobal = false
+		clear(q.deniedVisitor)
+		clear(q.deniedKey)
+		q.deniedGlobal = 0
 	}
 }

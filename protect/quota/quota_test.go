@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -20,42 +22,53 @@ type clock struct {
 func (c *clock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
+func visitor(v string) quota.Subject { return quota.Subject{Visitor: v, Limit: 2, Global: 3} }
+
 // TestConformance runs the same expectations on miniredis and real Redis.
+// Two Quota instances stand for two replicas: "fresh" has no denial memory,
+// so its refusals come from Redis with exact remaining counts; "warm" has
+// seen every answer, so it refuses from memory, reporting nothing left.
 func TestConformance(t *testing.T) {
 	for _, be := range redistest.Both(t) {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
 			clk := &clock{t: time.Date(2026, 8, 31, 23, 59, 0, 0, time.UTC)}
-			q := quota.New(be.Client, quota.Limits{Visitor: 2, Global: 3}, clk.Now)
+			warm := quota.New(be.Client, clk.Now)
 
 			steps := []struct {
 				name              string
 				visitor           string
+				fresh             bool // ask through a replica with no memory
 				wantErr           error
 				wantVis, wantGlob int64
 			}{
-				{"first", "aa", nil, 1, 2},
-				{"second", "aa", nil, 0, 1},
-				{"visitor over", "aa", quota.ErrVisitorLimit, 0, 1},
-				{"other visitor", "bb", nil, 1, 0},
-				{"site over", "cc", quota.ErrGlobalLimit, 2, 0},
-				{"both over: visitor wins", "aa", quota.ErrVisitorLimit, 0, 0},
+				{"first", "aa", false, nil, 1, 2},
+				{"second", "aa", false, nil, 0, 1},
+				{"visitor over, from Redis", "aa", true, quota.ErrVisitorLimit, 0, 1},
+				{"visitor over, from memory", "aa", false, quota.ErrVisitorLimit, 0, 0},
+				{"other visitor", "bb", false, nil, 1, 0},
+				{"site over, from Redis", "cc", true, quota.ErrGlobalLimit, 2, 0},
+				{"site over, from memory", "cc", false, quota.ErrGlobalLimit, 0, 0},
+				{"both over: visitor wins", "aa", true, quota.ErrVisitorLimit, 0, 0},
 			}
 			for _, st := range steps {
-				d, err := q.Take(ctx, st.visitor)
-				if err != nil {
-					t.Fatalf("%s: %v", st.name, err)
+				q := warm
+				if st.fresh {
+					q = quota.New(be.Client, clk.Now)
 				}
-				if !errors.Is(d.Err, st.wantErr) && d.Err != st.wantErr {
-					t.Fatalf("%s: decision %v, want %v", st.name, d.Err, st.wantErr)
+				d, err := q.Take(ctx, visitor(st.visitor))
+				if !errors.Is(err, st.wantErr) || (st.wantErr == nil) != (err == nil) {
+					t.Fatalf("%s: err %v, want %v", st.name, err, st.wantErr)
 				}
-				// Remaining counts are exact when Redis was asked; a refusal
-				// from memory may report the visitor's as 0.
-				if st.wantErr == nil && (d.VisitorRemaining != st.wantVis || d.GlobalRemaining != st.wantGlob) {
-					t.Fatalf("%s: remaining %d/%d, want %d/%d", st.name, d.VisitorRemaining, d.GlobalRemaining, st.wantVis, st.wantGlob)
+				if d.Remaining != st.wantVis || d.GlobalRemaining != st.wantGlob {
+					t.Fatalf("%s: remaining %d/%d, want %d/%d", st.name, d.Remaining, d.GlobalRemaining, st.wantVis, st.wantGlob)
 				}
-				if d.Reset != time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC) {
-					t.Fatalf("%s: reset %v", st.name, d.Reset)
+				if d.Reset != time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC) || d.Limit != 2 {
+					t.Fatalf("%s: reset %v limit %d", st.name, d.Reset, d.Limit)
+				}
+				var le *quota.LimitError
+				if st.wantErr != nil && (!errors.As(err, &le) || le.RetryAfter() != time.Minute) {
+					t.Fatalf("%s: %v: want a LimitError retrying after 1m", st.name, err)
 				}
 			}
 
@@ -76,14 +89,57 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("global counter = %d, want 3", v)
 			}
 
+			// A raised limit (a policy reload) makes the memory stale.
+			if d, err := warm.Take(ctx, quota.Subject{Visitor: "aa", Limit: 3, Global: 4}); err != nil || d.Remaining != 0 || d.GlobalRemaining != 0 {
+				t.Fatalf("after raising both limits: %+v %v", d, err)
+			}
+
 			// Day rollover: a new UTC day starts from zero, in new keys.
 			clk.Set(time.Date(2026, 9, 1, 0, 0, 1, 0, time.UTC))
-			d, err := q.Take(ctx, "aa")
-			if err != nil || !d.Allowed() || d.VisitorRemaining != 1 || d.GlobalRemaining != 2 {
+			d, err := warm.Take(ctx, visitor("aa"))
+			if err != nil || d.Remaining != 1 || d.GlobalRemaining != 2 {
 				t.Fatalf("after rollover: %+v %v", d, err)
 			}
 			if n, _ := be.Client.Exists(ctx, "faregate:quota:{2026-09-01}:ip:aa").Result(); n != 1 {
 				t.Fatal("new day's key missing")
+			}
+		})
+	}
+}
+
+// TestKeys: an API key has its own daily counter and ignores the site's.
+func TestKeys(t *testing.T) {
+	for _, be := range redistest.Both(t) {
+		t.Run(be.Name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
+			q := quota.New(be.Client, clk.Now)
+			// The site is full for visitors.
+			if err := be.Client.Set(ctx, quota.GlobalKey("2026-08-31"), 100, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			key := quota.Subject{Key: "acme", Limit: 2}
+			for i, want := range []int64{1, 0} {
+				d, err := q.Take(ctx, key)
+				if err != nil || d.Remaining != want {
+					t.Fatalf("take %d: %+v %v", i, d, err)
+				}
+			}
+			for _, qq := range []*quota.Quota{q, quota.New(be.Client, clk.Now)} {
+				_, err := qq.Take(ctx, key)
+				var le *quota.LimitError
+				if !errors.Is(err, quota.ErrKeyLimit) || !errors.As(err, &le) || le.RetryAfter() != 12*time.Hour {
+					t.Fatalf("third take: %v", err)
+				}
+				if _, err := qq.Check(ctx, key); !errors.Is(err, quota.ErrKeyLimit) {
+					t.Fatalf("check: %v", err)
+				}
+			}
+			if v, _ := be.Client.Get(ctx, quota.KeyKey("2026-08-31", "acme")).Int(); v != 2 {
+				t.Fatalf("key counter = %d, want 2", v)
+			}
+			if _, err := q.Take(ctx, quota.Subject{Key: "other", Limit: 1}); err != nil {
+				t.Fatalf("other key: %v", err)
 			}
 		})
 	}
@@ -94,21 +150,30 @@ func TestCheckDoesNotCount(t *testing.T) {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
 			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
-			q := quota.New(be.Client, quota.Limits{Visitor: 1, Global: 10}, clk.Now)
+			q := quota.New(be.Client, clk.Now)
+			s := quota.Subject{Visitor: "v", Limit: 1, Global: 10}
 			for i := 0; i < 3; i++ {
-				d, err := q.Check(ctx, "v")
-				if err != nil || !d.Allowed() || d.VisitorRemaining != 1 {
+				d, err := q.Check(ctx, s)
+				if err != nil || d.Remaining != 1 || d.GlobalRemaining != 10 {
 					t.Fatalf("check %d: %+v %v", i, d, err)
 				}
 			}
-			if _, err := q.Take(ctx, "v"); err != nil {
+			if _, err := q.Take(ctx, s); err != nil {
 				t.Fatal(err)
 			}
-			d, err := q.Check(ctx, "v")
-			if err != nil || d.Err != quota.ErrVisitorLimit {
-				t.Fatalf("check after take: %+v %v", d, err)
+			if _, err := quota.New(be.Client, clk.Now).Check(ctx, s); !errors.Is(err, quota.ErrVisitorLimit) {
+				t.Fatalf("check after take: %v", err)
 			}
 		})
+	}
+}
+
+func TestInvalidSubject(t *testing.T) {
+	q := quota.New(redistest.Mini(t).Client, nil)
+	for _, s := range []quota.Subject{{}, {Visitor: "v", Key: "k", Limit: 1, Global: 1}, {Visitor: "v", Limit: 0, Global: 1}, {Visitor: "v", Limit: 1}, {Key: "k"}} {
+		if _, err := q.Take(context.Background(), s); !errors.Is(err, quota.ErrInvalid) {
+			t.Errorf("Take(%+v) = %v, want ErrInvalid", s, err)
+		}
 	}
 }
 
@@ -116,27 +181,93 @@ func TestRedisDownIsUnavailableButDenialsRemembered(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	q := quota.New(c, quota.Limits{Visitor: 1, Global: 10}, nil)
-	if d, err := q.Take(ctx, "used"); err != nil || !d.Allowed() {
-		t.Fatalf("take: %+v %v", d, err)
+	q := quota.New(c, nil)
+	s := func(v string) quota.Subject { return quota.Subject{Visitor: v, Limit: 1, Global: 10} }
+	if _, err := q.Take(ctx, s("used")); err != nil {
+		t.Fatalf("take: %v", err)
 	}
 	srv.Stop()
-	if _, err := q.Take(ctx, "fresh"); !errors.Is(err, quota.ErrUnavailable) {
+	if _, err := q.Take(ctx, s("fresh")); !errors.Is(err, quota.ErrUnavailable) {
 		t.Fatalf("fresh visitor with Redis down: %v, want ErrUnavailable", err)
 	}
-	if _, err := q.Check(ctx, "fresh"); !errors.Is(err, quota.ErrUnavailable) {
+	if _, err := q.Check(ctx, s("fresh")); !errors.Is(err, quota.ErrUnavailable) {
 		t.Fatalf("check with Redis down: %v, want ErrUnavailable", err)
 	}
 	// The visitor that used its last task is refused from memory, Redis or not.
-	d, err := q.Take(ctx, "used")
-	if err != nil || d.Err != quota.ErrVisitorLimit {
-		t.Fatalf("known visitor with Redis down: %+v %v", d, err)
+	if _, err := q.Take(ctx, s("used")); !errors.Is(err, quota.ErrVisitorLimit) {
+		t.Fatalf("known visitor with Redis down: %v", err)
 	}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := q.Take(ctx, "fresh"); err != nil || !d.Allowed() {
-		t.Fatalf("after restart: %+v %v", d, err)
+	if _, err := q.Take(ctx, s("fresh")); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+}
+
+// TestLostReplyCountsOnce: the reply to the counting script is lost after
+// Redis applied it; the client times out and sends the script again. The
+// attempt id makes the second run answer the first result, so the counters
+// move by exactly one, on a single node and on a cluster (whose client
+// re-sends on its own retry loop, whatever MaxRetries says).
+func TestLostReplyCountsOnce(t *testing.T) {
+	type target struct {
+		name string
+		rdb  func(t *testing.T, f *redistest.Faults) redis.UniversalClient
+	}
+	targets := []target{
+		{"redis", func(t *testing.T, f *redistest.Faults) redis.UniversalClient {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Dialer: f.Dialer(nil), ReadTimeout: 300 * time.Millisecond, MaxRetries: 2})
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}},
+		{"cluster", func(t *testing.T, f *redistest.Faults) redis.UniversalClient {
+			cl := redistest.SharedCluster(t)
+			opt, err := redis.ParseClusterURL(cl.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opt.Dialer, opt.ReadTimeout = f.Dialer(nil), 300*time.Millisecond
+			opt.MaxRetries = -1 // the cluster client re-sends anyway
+			c := redis.NewClusterClient(opt)
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}},
+	}
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			if !redistest.Available() {
+				redistest.Require(t)
+			}
+			f := redistest.NewFaults()
+			rdb := tg.rdb(t, f)
+			ctx := context.Background()
+			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
+			q := quota.New(rdb, clk.Now)
+			// Load the scripts first, so the lost reply is the EVALSHA's.
+			if _, err := q.Check(ctx, visitor("warmup")); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 2; i++ {
+				f.LoseNextReply("faregate:quota:{2026-08-31}:ip:aa")
+				d, err := q.Take(ctx, visitor("aa"))
+				if err != nil {
+					t.Fatalf("take %d after a lost reply: %v", i, err)
+				}
+				if d.Remaining != int64(1-i) {
+					t.Fatalf("take %d: remaining %d, want %d", i, d.Remaining, 1-i)
+				}
+			}
+			if f.Lost() != 2 {
+				t.Fatalf("%d replies lost, want 2 (the fault did not fire)", f.Lost())
+			}
+			ip, _ := rdb.Get(ctx, "faregate:quota:{2026-08-31}:ip:aa").Int()
+			g, _ := rdb.Get(ctx, "faregate:quota:{2026-08-31}:global").Int()
+			if ip != 2 || g != 2 {
+				t.Fatalf("counters visitor=%d global=%d after 2 admitted tasks, want 2 and 2", ip, g)
+			}
+		})
 	}
 }
 

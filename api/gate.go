@@ -1,0 +1,205 @@
+package api
+
+import (
+	"crypto/rand"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+
+	"faregate/protect/policy"
+	"faregate/protect/quota"
+	"faregate/protect/ratelimit"
+)
+
+// bodyShape refuses a body by its headers alone, before any middleware or
+// handler reads a byte of it: 413 when Content-Length is over MaxBody, 415
+// when a request that carries a body is not JSON. A body without a length
+// (chunked) is cut after MaxBody+1 bytes, so whoever reads it sees it is
+// too large without reading further.
+func (s *server) bodyShape(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch:
+		default:
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.ContentLength > MaxBody {
+			s.writeErr(w, r, ErrTooLarge)
+			return
+		}
+		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err != nil || mt != "application/json" {
+			s.writeErr(w, r, ErrUnsupportedMedia)
+			return
+		}
+		if r.ContentLength < 0 && r.Body != nil {
+			r.Body = &capReader{r: r.Body, left: MaxBody + 1}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// capReader stops a body of unknown length after MaxBody+1 bytes: enough
+// for any reader to learn it is too large, and no more.
+type capReader struct {
+	r    io.ReadCloser
+	left int64
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
+}
+
+func (c *capReader) Close() error { return c.r.Close() }
+
+// principal names who the request counts against: the API key of an
+// Authorization header (a bad key is 401, never the public lane), else the
+// visitor, in the public tier.
+func (s *server) principal(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := stateOf(r)
+		pol := s.d.Policy()
+		st.policy = pol
+		if token, present := policy.BearerToken(r.Header); present {
+			id, tier, err := pol.Authenticate(token)
+			if err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+			st.principal = Principal{Kind: KindKey, ID: id, Tier: tier.Name}
+			st.tier = tier
+		} else {
+			st.principal = Principal{Kind: KindVisitor, ID: st.visitor.Key(), Tier: PublicTier}
+			st.tier = pol.Public()
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// subject is the quota subject of the request's principal.
+func (s *server) subject(st *state) quota.Subject {
+	if st.principal.Kind == KindKey {
+		return quota.Subject{Key: st.principal.ID, Limit: st.tier.TasksPerDay}
+	}
+	return quota.Subject{Visitor: st.principal.ID, Limit: st.tier.TasksPerDay, Global: s.d.Limits.GlobalDailyTasks}
+}
+
+// remembered answers creations that are refused from memory: a principal
+// (or the site) already over a daily task limit, a visitor over its
+// failed-check limit, a principal blocked for input spikes. No Redis call,
+// and not counted by the request window: a flood of these costs nothing.
+func (s *server) remembered(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := stateOf(r)
+		if err := s.d.Quota.Remembered(s.subject(st)); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if err := s.memo.refusal(st.principal.Scope()); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// window is the request window (seed 001's L1): a sliding minute per
+// principal, shared by every replica through Redis, over every /api request
+// but the documents. For creations the same round trip also checks the
+// failed-check log (visitors) and the anomaly block, and remembers a
+// refusal of either for as long as it lasts.
+func (s *server) window(creation bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			st := stateOf(r)
+			req := ratelimit.GateRequest{
+				Scope:             st.principal.Scope(),
+				RequestsPerMinute: st.tier.RequestsPerMinute,
+				CheckAnomaly:      creation,
+				Op:                opID(),
+			}
+			if creation && st.principal.Kind == KindVisitor {
+				req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
+			}
+			d, err := s.d.Limiter.Gate(r.Context(), req)
+			if err == nil {
+				err = d.Err()
+			}
+			st.window = d
+			if err != nil {
+				var re *ratelimit.RefusedError
+				if errors.As(err, &re) && re.Reason != ratelimit.ReasonRateLimited {
+					s.memo.remember(st.principal.Scope(), re.Unwrap(), re.RetryAfter())
+				}
+				s.writeErr(w, r, err)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// opID is a fresh idempotency id for one script call.
+func opID() string { return rand.Text() }
+
+// failedCheck records a 400/403 answer to a visitor's creation (seed 001's
+// "high ratio of invalid requests"); past the limit the visitor is refused
+// from memory before siteverify is called again. Keys are not counted: they
+// pass no Turnstile and their limits are their own.
+func (s *server) failedCheck(r *http.Request, st *state) {
+	if st.principal.Kind != KindVisitor || s.d.Limits.FailedChecksPerHour <= 0 {
+		return
+	}
+	_, blocked, err := s.d.Limiter.RecordFailedCheck(r.Context(), st.principal.Scope(), opID(), s.d.Limits.FailedChecksPerHour)
+	if err != nil {
+		// The refusal is answered either way; the count is best effort.
+		return
+	}
+	if blocked > 0 {
+		s.memo.remember(st.principal.Scope(), ratelimit.ErrTooManyFailedChecks, blocked)
+	}
+}
+
+// aitfScore scores the request body for agent-workflow signals (the AITF
+// guard's middleware), if the guard is on.
+func (s *server) aitfScore(next http.Handler) http.Handler {
+	if s.d.AITF == nil {
+		return next
+	}
+	return s.d.AITF.Middleware(next)
+}
+
+// aitfDelay applies the AITF delay queue to reads of the public lane.
+func (s *server) aitfDelay(next http.Handler) http.Handler {
+	if s.d.AITF == nil {
+		return next
+	}
+	delayed := s.d.AITF.Delay(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if stateOf(r).principal.Kind == KindKey {
+			// A key has declared itself; it is limited by its own tier.
+			next.ServeHTTP(w, r)
+			return
+		}
+		delayed.ServeHTTP(w, r)
+	})
+}
+
+// admitAITF holds a public creation in the AITF delay queue (enforce mode),
+// after its shape was found valid.
+func (s *server) admitAITF(w http.ResponseWriter, r *http.Request) (release func(), err error) {
+	if s.d.AITF == nil || stateOf(r).principal.Kind == KindKey {
+		return func() {}, nil
+	}
+	return s.d.AITF.Admit(w, r)
+}

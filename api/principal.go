@@ -1,0 +1,136 @@
+package api
+
+import (
+	"sync"
+	"time"
+)
+
+// Principal kinds.
+const (
+	KindVisitor = "visitor"
+	KindKey     = "key"
+)
+
+// PublicTier is the tier of anonymous visitors.
+const PublicTier = "public"
+
+// Principal is who a request counts against: an anonymous visitor (its
+// keyed IP hash) or an API key (its id), with the tier whose limits apply.
+type Principal struct {
+	Kind string
+	// ID is the visitor's 64-hex key or the API key's id.
+	ID   string
+	Tier string
+}
+
+// Scope is the principal's name in rate-limit keys: "v:<hash>" or "k:<id>".
+func (p Principal) Scope() string {
+	if p.Kind == KindKey {
+		return "k:" + p.ID
+	}
+	return "v:" + p.ID
+}
+
+// Account is the principal's name in budget keys and the ledger:
+// "v_<hash>" or "k_<id>" (characters a budget id allows).
+func (p Principal) Account() string {
+	if p.Kind == KindKey {
+		return "k_" + p.ID
+	}
+	return "v_" + p.ID
+}
+
+// String is the principal in logs: a key's id, or the first 12 hex
+// characters of a visitor's hash; never an address.
+func (p Principal) String() string {
+	if p.Kind == KindKey {
+		return "k:" + p.ID
+	}
+	if len(p.ID) < 12 {
+		return "v:none"
+	}
+	return "v:" + p.ID[:12]
+}
+
+// MetricLabel is the principal in metric labels: a key's id, or "public"
+// for every visitor (visitor hashes never become labels).
+func (p Principal) MetricLabel() string {
+	if p.Kind == KindKey {
+		return p.ID
+	}
+	return PublicTier
+}
+
+// memo remembers refusals that cannot be undone before a known time (a
+// principal over its failed-check limit, or blocked for anomalies), so a
+// flood of such requests is answered without a Redis call. It is bounded:
+// past its capacity, refusals are still made, they just ask Redis again.
+type memo struct {
+	now func() time.Time
+	cap int
+
+	mu sync.Mutex
+	m  map[string]memoEntry
+}
+
+type memoEntry struct {
+	err   error
+	until time.Time
+}
+
+func newMemo(capacity int, now func() time.Time) *memo {
+	return &memo{now: now, cap: capacity, m: map[string]memoEntry{}}
+}
+
+// remember refuses scope with err until the time err's RetryAfter names.
+func (m *memo) remember(scope string, err error, after time.Duration) {
+	if after <= 0 {
+		return
+	}
+	until := m.now().Add(after)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.m) >= m.cap {
+		// Drop what has expired before giving up on this one.
+		now := m.now()
+		for k, e := range m.m {
+			if !now.Before(e.until) {
+				delete(m.m, k)
+			}
+		}
+		if len(m.m) >= m.cap {
+			return
+		}
+	}
+	if cur, ok := m.m[scope]; ok && cur.until.After(until) {
+		return
+	}
+	m.m[scope] = memoEntry{err: err, until: until}
+}
+
+// refusal returns the remembered refusal of scope with the time left, or nil.
+func (m *memo) refusal(scope string) error {
+	m.mu.Lock()
+	e, ok := m.m[scope]
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	left := e.until.Sub(m.now())
+	if left <= 0 {
+		m.mu.Lock()
+		if cur, ok := m.m[scope]; ok && cur.until == e.until {
+			delete(m.m, scope)
+		}
+		m.mu.Unlock()
+		return nil
+	}
+	return &retryError{err: e.err, after: left}
+}
+
+// forget drops every remembered refusal (a policy reload raised limits).
+func (m *memo) forget() {
+	m.mu.Lock()
+	clear(m.m)
+	m.mu.Unlock()
+}

@@ -1,0 +1,109 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"faregate/protect/budget"
+	"faregate/protect/quota"
+	"faregate/protect/ratelimit"
+)
+
+// The RateLimit policies (draft-ietf-httpapi-ratelimit-headers) faregate
+// advertises: tasks per day, tokens per day, requests per minute, tokens
+// per minute.
+const (
+	policyDaily  = "daily"
+	policyBudget = "budget"
+	policyRPM    = "rpm"
+	policyTPM    = "tpm"
+	policySpend  = "spend"
+)
+
+// rlItem is one policy's quota (q per w seconds) and its state: r left,
+// t seconds until that changes.
+type rlItem struct {
+	name string
+	q, w int64
+	r, t int64
+}
+
+// setRateLimit writes the RateLimit-Policy and RateLimit fields for items,
+// as structured-field lists in the same order.
+func setRateLimit(h http.Header, items ...rlItem) {
+	if len(items) == 0 {
+		return
+	}
+	var pol, cur strings.Builder
+	for i, it := range items {
+		if i > 0 {
+			pol.WriteString(", ")
+			cur.WriteString(", ")
+		}
+		pol.WriteString(`"` + it.name + `";q=` + strconv.FormatInt(max(it.q, 0), 10) + ";w=" + strconv.FormatInt(it.w, 10))
+		cur.WriteString(`"` + it.name + `";r=` + strconv.FormatInt(max(it.r, 0), 10) + ";t=" + strconv.FormatInt(max(it.t, 0), 10))
+	}
+	h["Ratelimit-Policy"] = []string{pol.String()}
+	h["Ratelimit"] = []string{cur.String()}
+}
+
+// rateLimitHeaders names, on a 429, the policy that refused, with the same
+// t as the Retry-After it goes with (one rounding rule: ceilSeconds).
+func (s *server) rateLimitHeaders(h http.Header, st *state, err error) {
+	if err == nil || st == nil {
+		return
+	}
+	var (
+		le *quota.LimitError
+		be *budget.ExhaustedError
+		re *ratelimit.RefusedError
+		we *ratelimit.WaitTooLongError
+	)
+	switch {
+	case errors.As(err, &le):
+		setRateLimit(h, rlItem{policyDaily, le.Limit, 86400, 0, ceilSeconds(le.RetryAfter())})
+	case errors.As(err, &be):
+		if be.Scope == budget.ScopeTask {
+			return // not a rate: the task's own cap
+		}
+		name, q := s.budgetQuota(st, be.Scope)
+		setRateLimit(h, rlItem{name, q, 86400, be.Remaining, ceilSeconds(be.RetryAfter())})
+	case errors.As(err, &re):
+		switch re.Reason {
+		case ratelimit.ReasonRateLimited:
+			setRateLimit(h, rlItem{policyRPM, st.tier.RequestsPerMinute, 60, 0, ceilSeconds(re.RetryAfter())})
+		case ratelimit.ReasonTokenRateLimited:
+			setRateLimit(h, rlItem{policyTPM, st.tier.TokensPerMinute, 60, 0, ceilSeconds(re.RetryAfter())})
+		}
+	case errors.As(err, &we):
+		setRateLimit(h, rlItem{policyTPM, st.tier.TokensPerMinute, 60, 0, ceilSeconds(we.RetryAfter())})
+	}
+}
+
+// budgetQuota names the policy of a refusing budget scope and its daily
+// quota: tokens ("budget"), or money in micro-units ("spend").
+func (s *server) budgetQuota(st *state, scope budget.Scope) (string, int64) {
+	switch scope {
+	case budget.ScopeSpend:
+		return policySpend, s.d.Limits.DailySpendMicro
+	case budget.ScopeSite:
+		return policyBudget, s.d.Limits.SiteDailyTokens
+	case budget.ScopeTier:
+		return policyBudget, s.tierTokens(st.tier)
+	}
+	return policyBudget, st.tier.TokensPerDay
+}
+
+// admissionHeaders advertises the principal's policies on a 202: its daily
+// tasks and its request window (and its tokens per minute, when its tier
+// has a bucket).
+func (s *server) admissionHeaders(h http.Header, st *state, dec quota.Decision) {
+	reset := ceilSeconds(dec.Reset.Sub(s.d.Now()))
+	items := []rlItem{{policyDaily, st.tier.TasksPerDay, 86400, dec.Remaining, reset}}
+	if st.tier.RequestsPerMinute > 0 {
+		items = append(items, rlItem{policyRPM, st.tier.RequestsPerMinute, 60, st.window.Remaining, ceilSeconds(st.window.Reset)})
+	}
+	setRateLimit(h, items...)
+}

@@ -1,0 +1,118 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+)
+
+// Header values shared by every JSON answer. Assigning these slices
+// directly (net/http never modifies them) keeps the refusal path free of
+// per-request header allocations.
+var (
+	hdrJSON        = []string{"application/json; charset=utf-8"}
+	hdrNoStore     = []string{"no-store"}
+	hdrNoSniff     = []string{"nosniff"}
+	hdrReferrer    = []string{"strict-origin-when-cross-origin"}
+	hdrFrameDeny   = []string{"DENY"}
+	hdrCSPJSON     = []string{"default-src 'none'; frame-ancestors 'none'"}
+	hdrCloseConn   = []string{"close"}
+	retryAfterHdrs = func() [61][]string {
+		var out [61][]string
+		for i := range out {
+			out[i] = []string{strconv.Itoa(i)}
+		}
+		return out
+	}()
+)
+
+// jsonHeaders sets what every JSON answer carries: its type, no caching,
+// and the short CSP a document-less answer needs (the page's full CSP is
+// for the page).
+func jsonHeaders(h http.Header) {
+	h["Content-Type"] = hdrJSON
+	h["Cache-Control"] = hdrNoStore
+	h["Content-Security-Policy"] = hdrCSPJSON
+	h["X-Content-Type-Options"] = hdrNoSniff
+	h["Referrer-Policy"] = hdrReferrer
+	h["X-Frame-Options"] = hdrFrameDeny
+}
+
+func setRetryAfter(h http.Header, secs int64) {
+	if secs >= 0 && secs < int64(len(retryAfterHdrs)) {
+		h["Retry-After"] = retryAfterHdrs[secs]
+		return
+	}
+	h["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// writeErr answers err with the contract's error envelope. The table picks
+// status, code, message and Retry-After; the request's state records the
+// code for the access log and the refusal summary. Only 5xx answers are
+// logged one by one (by the access log); the client never sees err's text.
+func (s *server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	spec := s.errors.lookup(err)
+	st := stateOf(r)
+	if st != nil {
+		st.code, st.err = spec.code, err
+	}
+	h := w.Header()
+	jsonHeaders(h)
+	if secs, ok := retryAfter(spec, err); ok {
+		setRetryAfter(h, secs)
+	}
+	s.rateLimitHeaders(h, st, err)
+	var fields map[string]string
+	var message string
+	var ie *InvalidError
+	var pe *PromptRejectedError
+	switch {
+	case errors.As(err, &ie):
+		fields = ie.Fields
+	case errors.As(err, &pe):
+		message = spec.message + " (rule: " + pe.Rule + ")"
+	}
+	bp := bufPool.Get().(*[]byte)
+	b := (*bp)[:0]
+	if message != "" {
+		b = append(b, `{"error":{"code":`...)
+		b = strconv.AppendQuote(b, spec.code)
+		b = append(b, `,"message":`...)
+		b = append(b, jsonString(message)...)
+	} else {
+		b = append(b, spec.head...)
+	}
+	if st != nil && st.id != "" {
+		b = append(b, `,"request_id":"`...)
+		b = append(b, st.id...) // request ids are validated to be JSON-safe
+		b = append(b, '"')
+	}
+	if len(fields) > 0 {
+		raw, _ := json.Marshal(fields)
+		b = append(b, `,"fields":`...)
+		b = append(b, raw...)
+	}
+	b = append(b, "}}\n"...)
+	w.WriteHeader(spec.status)
+	_, _ = w.Write(b)
+	*bp = b
+	bufPool.Put(bp)
+}
+
+// writeJSON writes v as JSON with status; API answers are never cached.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	jsonHeaders(w.Header())
+	raw, err := json.Marshal(v)
+	if err != nil {
+		// Every body here is a plain struct; a failure is a bug.
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"Something went wrong on our side."}}` + "\n"))
+		return
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(append(raw, '\n'))
+}
