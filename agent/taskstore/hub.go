@@ -1,0 +1,383 @@
+package taskstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"faregate/agent/task"
+	"faregate/protect/promreg"
+)
+
+// ErrShutdown ends a follower whose process is shutting down before its
+// task finished here: the client resumes on another replica.
+var ErrShutdown = errors.New("taskstore: shutting down")
+
+// errTooSlow ends a follower that fell behind its task's events; the
+// client resumes with Last-Event-ID.
+var errTooSlow = errors.New("taskstore: follower fell behind")
+
+// HubOptions tune a Hub.
+type HubOptions struct {
+	// Block is how long one XREAD waits for new events (default 5 s).
+	Block time.Duration
+	// KeepAlive is how often an idle follower gets a keep-alive (15 s).
+	KeepAlive time.Duration
+	// Buffer is how many events a follower may lag behind (64).
+	Buffer     int
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Hub fans each task's events out to every follower in this process: one
+// Redis reader per followed task, however many follow it, blocking in
+// XREAD instead of polling, on a connection pool of its own (rdb) so
+// followers can never make the gate wait.
+type Hub struct {
+	store *Store
+	rdb   redis.UniversalClient
+	o     HubOptions
+
+	mu       sync.Mutex
+	readers  map[string]*reader
+	shutdown bool
+
+	active  prometheus.Gauge
+	started prometheus.Counter
+}
+
+// NewHub returns a Hub reading with rdb (the stream readers' own pool).
+func NewHub(store *Store, rdb redis.UniversalClient, o HubOptions) *Hub {
+	if o.Block <= 0 {
+		o.Block = 5 * time.Second
+	}
+	if o.KeepAlive <= 0 {
+		o.KeepAlive = 15 * time.Second
+	}
+	if o.Buffer <= 0 {
+		o.Buffer = 64
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Hub{
+		store: store, rdb: rdb, o: o, readers: map[string]*reader{},
+		active: promreg.Register(o.Registerer, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "faregate_event_readers", Help: "Redis readers of task event streams in this process (one per followed task).",
+		})),
+		started: promreg.Register(o.Registerer, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "faregate_event_readers_started_total", Help: "Redis readers of task event streams started.",
+		})),
+	}
+}
+
+// Readers reports the readers running now.
+func (h *Hub) Readers() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.readers)
+}
+
+// reader is the one XREAD loop of one task in this process.
+type reader struct {
+	id   string
+	mu   sync.Mutex
+	subs map[*sub]struct{}
+	// from is the stream id the reader reads after; set before any
+	// follower replays, so replay and live reading always overlap.
+	from   string
+	final  bool // the done event was read: nothing more will come
+	cancel context.CancelFunc
+}
+
+// sub is one follower's mailbox.
+type sub struct {
+	ch     chan task.Event
+	closed bool
+	err    error // why the hub closed it
+}
+
+// Follow replays the task's events after the stream id after ("" = from
+// the first one), then follows live ones until the done event, calling fn
+// for each (and with EventKeepAlive while idle). It returns nil after done,
+// task.ErrNotFound for an unknown task (before fn was ever called), ctx's error
+// when the caller leaves or its time is up, ErrShutdown when this process
+// stops, or fn's error.
+func (h *Hub) Follow(ctx context.Context, id, after string, fn func(task.Event) error) error {
+	rec, err := h.store.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	s, r, err := h.subscribe(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer h.unsubscribe(r, s)
+
+	last := after
+	if last == "" {
+		last = "0-0"
+	}
+	// Replay what is already there (after subscribing: anything the reader
+	// read before we joined is in Redis for this replay to find).
+	for {
+		msgs, err := h.rdb.XRangeN(ctx, eventsKey(id), "("+last, "+", 500).Result()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return unavailable(err)
+		}
+		for _, m := range msgs {
+			ev := toEvent(m)
+			last = ev.ID
+			if err := fn(ev); err != nil {
+				return err
+			}
+			if ev.Type == task.EventDone {
+				return nil
+			}
+		}
+		if len(msgs) < 500 {
+			break
+		}
+	}
+	if rec.Final() {
+		// Final but no done event left (trimmed or expired): answer from the
+		// record, read again in case it finished after the first read.
+		if cur, err := h.store.Get(ctx, id); err == nil {
+			rec = cur
+		}
+		data, _ := json.Marshal(rec.Task)
+		return fn(task.Event{ID: last, Type: task.EventDone, Data: data})
+	}
+
+	keep := time.NewTimer(h.o.KeepAlive)
+	defer keep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-keep.C:
+			if err := fn(task.Event{Type: task.EventKeepAlive}); err != nil {
+				return err
+			}
+			keep.Reset(h.o.KeepAlive)
+		case ev, ok := <-s.ch:
+			if !ok {
+				r.mu.Lock()
+				err := s.err
+				r.mu.Unlock()
+				return err
+			}
+			if !streamAfter(ev.ID, last) {
+				continue // already replayed
+			}
+			last = ev.ID
+			if err := fn(ev); err != nil {
+				return err
+			}
+			if ev.Type == task.EventDone {
+				return nil
+			}
+			keep.Reset(h.o.KeepAlive)
+		}
+	}
+}
+
+// subscribe joins the task's reader, starting one (and fixing its start
+// point) when this is the first follower.
+func (h *Hub) subscribe(ctx context.Context, id string) (*sub, *reader, error) {
+	s := &sub{ch: make(chan task.Event, h.o.Buffer)}
+	h.mu.Lock()
+	if h.shutdown {
+		h.mu.Unlock()
+		return nil, nil, ErrShutdown
+	}
+	r := h.readers[id]
+	if r != nil {
+		r.mu.Lock()
+		r.subs[s] = struct{}{}
+		r.mu.Unlock()
+		h.mu.Unlock()
+		return s, r, nil
+	}
+	r = &reader{id: id, subs: map[*sub]struct{}{s: {}}}
+	h.readers[id] = r
+	h.mu.Unlock()
+
+	// The reader starts after the stream's last entry as of now: the
+	// follower's replay, which runs after this, covers everything up to it.
+	from := "0-0"
+	last, err := h.rdb.XRevRangeN(ctx, eventsKey(id), "+", "-", 1).Result()
+	if err != nil {
+		h.unsubscribe(r, s)
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, unavailable(err)
+	}
+	if len(last) == 1 {
+		from = last[0].ID
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
+	r.from, r.cancel = from, cancel
+	r.mu.Unlock()
+	h.active.Inc()
+	h.started.Inc()
+	go h.read(rctx, r)
+	return s, r, nil
+}
+
+// unsubscribe leaves the reader; the last follower out stops it.
+func (h *Hub) unsubscribe(r *reader, s *sub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.mu.Lock()
+	delete(r.subs, s)
+	empty := len(r.subs) == 0
+	cancel := r.cancel
+	r.mu.Unlock()
+	if empty && h.readers[r.id] == r {
+		delete(h.readers, r.id)
+		if cancel != nil {
+			cancel()
+		}
+	}
+}
+
+// read is the reader's loop: XREAD BLOCK after the last id, broadcast,
+// until the done event, no follower is left, or the hub shuts down.
+func (h *Hub) read(ctx context.Context, r *reader) {
+	defer h.active.Dec()
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		from := r.from
+		r.mu.Unlock()
+		res, err := h.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{eventsKey(r.id), from}, Count: 100, Block: h.o.Block}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// Redis is away: followers keep their keep-alives and wait.
+			h.o.Logger.Debug("event reader retrying", "task", r.id, "err", err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		for _, st := range res {
+			for _, m := range st.Messages {
+				ev := toEvent(m)
+				h.broadcast(r, ev)
+				if ev.Type == task.EventDone {
+					return
+				}
+			}
+		}
+	}
+}
+
+// broadcast hands ev to every follower; one whose mailbox is full has
+// fallen behind and is closed (it resumes with Last-Event-ID), so a slow
+// client never holds the others back.
+func (h *Hub) broadcast(r *reader, ev task.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.from = ev.ID
+	if ev.Type == task.EventDone {
+		r.final = true
+	}
+	for s := range r.subs {
+		if s.closed {
+			continue
+		}
+		select {
+		case s.ch <- ev:
+		default:
+			s.closed, s.err = true, errTooSlow
+			close(s.ch)
+		}
+	}
+}
+
+// Shutdown ends every stream of this process. Events already written (the
+// final events of the tasks this process just finished, above all) are
+// read once more and delivered first, so followers of a task that ended
+// here see its end; followers of tasks that run elsewhere are closed with
+// ErrShutdown and resume on another replica.
+func (h *Hub) Shutdown(ctx context.Context) {
+	h.mu.Lock()
+	h.shutdown = true
+	readers := make([]*reader, 0, len(h.readers))
+	for _, r := range h.readers {
+		readers = append(readers, r)
+	}
+	h.mu.Unlock()
+	for _, r := range readers {
+		r.mu.Lock()
+		from, final := r.from, r.final
+		r.mu.Unlock()
+		if !final {
+			res, err := h.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{eventsKey(r.id), from}, Count: 1000, Block: -1}).Result()
+			if err == nil {
+				for _, st := range res {
+					for _, m := range st.Messages {
+						h.broadcast(r, toEvent(m))
+					}
+				}
+			}
+		}
+		r.mu.Lock()
+		for s := range r.subs {
+			if !s.closed {
+				s.closed, s.err = true, ErrShutdown
+				close(s.ch)
+			}
+		}
+		if r.cancel != nil {
+			r.cancel()
+		}
+		r.mu.Unlock()
+	}
+}
+
+func toEvent(m redis.XMessage) task.Event {
+	typ, _ := m.Values["type"].(string)
+	data, _ := m.Values["data"].(string)
+	return task.Event{ID: m.ID, Type: typ, Data: json.RawMessage(data)}
+}
+
+// streamAfter reports whether stream id a comes after b ("ms-seq" ids).
+func streamAfter(a, b string) bool {
+	am, as := splitID(a)
+	bm, bs := splitID(b)
+	if am != bm {
+		return am > bm
+	}
+	return as > bs
+}
+
+func splitID(id string) (uint64, uint64) {
+	ms, seq, _ := strings.Cut(id, "-")
+	m, _ := strconv.ParseUint(ms, 10, 64)
+	s, _ := strconv.ParseUint(seq, 10, 64)
+	return m, s
+}
