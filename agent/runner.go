@@ -2,184 +2,573 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/task"
+	"faregate/agent/taskstore"
+	"faregate/protect/promreg"
 )
 
 // ErrShuttingDown: the runner no longer accepts tasks.
 var ErrShuttingDown = errors.New("agent: shutting down")
 
-// Store keeps tasks and their events (agent/taskstore).
-type Store interface {
-	// Create stores a new task and its first status event.
-	Create(ctx context.Context, rec task.Record) error
-	// Save writes the task and appends events, together.
-	Save(ctx context.Context, rec task.Record, events ...task.Event) error
+// Executor runs one task's workflow (the Workflow; a fake in tests).
+type Executor interface {
+	Run(ctx context.Context, rec *task.Record, progress Progress) error
 }
 
-// Runner executes tasks in the background, at most Concurrency at a time,
-// moving each queued → running → succeeded/failed with a deadline.
+// RunnerOptions configure a Runner.
+type RunnerOptions struct {
+	// Concurrency is how many tasks this process runs at once.
+	Concurrency int
+	// Lease is how long a task stays this replica's without a renewal; it is
+	// renewed every third of it, and a lapsed one is claimed by any replica.
+	Lease time.Duration
+	// Timeout is a run's wall clock (the workflow's own bound).
+	Timeout time.Duration
+	// Queue is the client of the workers' blocking XREADGROUP: a pool of its
+	// own (Concurrency+2 connections), so waiting workers hold nobody up.
+	Queue redis.UniversalClient
+	// Consumer names this replica in the consumer group; default: host, pid
+	// and random bits, new at every start.
+	Consumer string
+	// Release gives back a lost task's open token reservations at once.
+	Release func(ctx context.Context, rec task.Record) error
+	// Block is how long one wait for a new task lasts (default 2 s); it
+	// bounds how long a stopping runner waits for its taker.
+	Block time.Duration
+	// Logger, Registerer and Now as usual.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Now        func() time.Time
+}
+
+// Runner runs admitted tasks. Tasks wait on the Redis queue, not in a
+// process: a free worker of any replica takes the next one, and a task
+// whose replica died is claimed by another. Each running task's lease is
+// renewed every third of RunnerOptions.Lease; every write of the task is
+// fenced by it, so a replica that lost a task changes nothing of it.
 type Runner struct {
-	store    Store
-	workflow *Workflow
-	lg       *slog.Logger
-	sem      chan struct{}
+	store *taskstore.Store
+	wf    Executor
+	o     RunnerOptions
+	lg    *slog.Logger
+
+	slots chan struct{}
+	ready chan taskstore.Entry
+
+	mu   sync.Mutex
+	held map[string]*holding // by queue entry id
+
+	takeCtx    context.Context // ends when the runner stops taking tasks
+	stopTaking context.CancelFunc
+	base       context.Context // ends when the shutdown grace ends
+	cancelBase context.CancelFunc
+	loopsCtx   context.Context // ends when every run is done
+	stopLoops  context.CancelFunc
+	runs       sync.WaitGroup
+	loops      sync.WaitGroup
+
 	tasks    *prometheus.CounterVec
 	running  prometheus.Gauge
-	now      func() time.Time
-
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-	// base is cancelled when a shutdown's grace period ends: running tasks
-	// stop and are marked failed.
-	base   context.Context
-	cancel context.CancelFunc
+	lost     prometheus.Counter
+	duration *prometheus.HistogramVec
 }
 
-// NewRunner returns a runner. reg receives faregate_tasks_total{status}
-// and faregate_tasks_running.
-func NewRunner(store Store, wf *Workflow, concurrency int, lg *slog.Logger, reg prometheus.Registerer) *Runner {
-	base, cancel := context.WithCancel(context.Background())
+// holding is a queue entry this replica holds: its lease is renewed until
+// it is acknowledged. cancel stops its run when the lease is lost.
+type holding struct {
+	cancel  context.CancelFunc
+	renewed time.Time // last successful renewal (or the take)
+}
+
+// NewRunner returns a runner; Start begins taking tasks.
+func NewRunner(store *taskstore.Store, wf Executor, o RunnerOptions) *Runner {
+	if o.Concurrency < 1 {
+		o.Concurrency = 1
+	}
+	if o.Lease <= 0 {
+		o.Lease = 30 * time.Second
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 90 * time.Second
+	}
+	if o.Block <= 0 {
+		o.Block = 2 * time.Second
+	}
+	if o.Consumer == "" {
+		host, _ := os.Hostname()
+		o.Consumer = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), rand.Text()[:8])
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	r := &Runner{
-		store: store, workflow: wf, lg: lg, sem: make(chan struct{}, concurrency), now: time.Now,
-		base: base, cancel: cancel,
-		tasks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "faregate_tasks_total", Help: "Tasks that reached each status.",
-		}, []string{"status"}),
-		running: prometheus.NewGauge(prometheus.GaugeOpts{
+		store: store, wf: wf, o: o, lg: o.Logger,
+		slots: make(chan struct{}, o.Concurrency),
+		ready: make(chan taskstore.Entry, o.Concurrency),
+		held:  map[string]*holding{},
+		tasks: promreg.Register(o.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faregate_tasks_total", Help: "Tasks that reached each status, counted where it happened.",
+		}, []string{"status"})),
+		running: promreg.Register(o.Registerer, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "faregate_tasks_running", Help: "Tasks running now in this process.",
-		}),
+		})),
+		lost: promreg.Register(o.Registerer, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "faregate_tasks_lost_total", Help: "Tasks this replica failed with worker_lost after their replica's lease lapsed.",
+		})),
+		duration: promreg.Register(o.Registerer, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "faregate_task_duration_seconds", Help: "Run time of tasks run here, by outcome (succeeded, or the failure code).",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120, 300},
+		}, []string{"outcome"})),
 	}
-	if reg != nil {
-		reg.MustRegister(r.tasks, r.running)
-	}
+	r.takeCtx, r.stopTaking = context.WithCancel(context.Background())
+	r.base, r.cancelBase = context.WithCancel(context.Background())
+	r.loopsCtx, r.stopLoops = context.WithCancel(context.Background())
 	return r
 }
 
-// Create stores a new queued task for req and returns its record.
-func (r *Runner) Create(ctx context.Context, rec task.Record) (task.Record, error) {
-	now := r.now().UTC()
+// Consumer is this replica's name in the consumer group.
+func (r *Runner) Consumer() string { return r.o.Consumer }
+
+// Submit stores a new queued task and puts it on the queue. The record is
+// stored first (it is what GET /api/tasks answers); a task whose enqueue
+// fails is failed at once, since no worker will ever see it.
+func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, error) {
+	now := r.o.Now().UTC()
 	rec.ID = task.NewID()
 	rec.Status = task.StatusQueued
 	rec.CreatedAt, rec.UpdatedAt = now, now
-	rec.Steps = []task.Step{}
-	rec.Warnings = []string{}
+	rec.Steps, rec.Warnings = []task.Step{}, []string{}
 	if err := r.store.Create(ctx, rec); err != nil {
+		return task.Record{}, err
+	}
+	if err := r.store.Enqueue(ctx, rec.ID); err != nil {
+		r.lg.Error("task stored but not queued", "task", rec.ID, "request_id", rec.RequestID, "err", err.Error())
 		return task.Record{}, err
 	}
 	r.tasks.WithLabelValues(task.StatusQueued).Inc()
 	return rec, nil
 }
 
-// Launch runs rec in the background. It refuses once shutdown began.
-func (r *Runner) Launch(rec task.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return ErrShuttingDown
+// Cached stores a task that is final at once: a plan served from the plan
+// cache. It never enters the queue.
+func (r *Runner) Cached(ctx context.Context, rec task.Record) (task.Record, error) {
+	now := r.o.Now().UTC()
+	rec.ID = task.NewID()
+	rec.Status = task.StatusSucceeded
+	rec.CreatedAt, rec.UpdatedAt = now, now
+	rec.Steps, rec.Warnings = []task.Step{}, []string{}
+	if err := r.store.CreateFinal(ctx, rec); err != nil {
+		return task.Record{}, err
 	}
-	r.wg.Add(1)
-	go r.execute(rec)
+	r.tasks.WithLabelValues(task.StatusSucceeded).Inc()
+	return rec, nil
+}
+
+// Depth is how many tasks wait or run, for the admission's queue bound.
+func (r *Runner) Depth(ctx context.Context) (int64, error) { return r.store.Depth(ctx) }
+
+// Start begins taking tasks, renewing leases and reaping lapsed ones.
+func (r *Runner) Start(ctx context.Context) error {
+	if err := r.store.EnsureGroup(ctx); err != nil {
+		// Not fatal: Redis may come later; Next creates the group then.
+		r.lg.Warn("task queue not ready yet", "err", err.Error())
+	}
+	r.loops.Add(3)
+	go r.take()
+	go r.renew()
+	go r.reap()
 	return nil
 }
 
-func (r *Runner) execute(rec task.Record) {
-	defer r.wg.Done()
-	lg := r.lg.With("task", rec.ID, "request_id", rec.RequestID)
-	select {
-	case r.sem <- struct{}{}:
-		defer func() { <-r.sem }()
-	case <-r.base.Done():
-		r.fail(&rec, lg, task.CodeAgentFailed, "the server shut down before the task could start")
-		return
-	}
-	r.running.Inc()
-	defer r.running.Dec()
-
-	ctx, cancel := context.WithTimeout(r.base, r.workflow.cfg.Timeout)
-	defer cancel()
-
-	rec.Status = task.StatusRunning
-	rec.UpdatedAt = r.now().UTC()
-	status, _ := json.Marshal(map[string]string{"status": task.StatusRunning})
-	if err := r.store.Save(ctx, rec, task.Event{Type: task.EventStatus, Data: status}); err != nil {
-		lg.Warn("task start not saved", "err", err)
-	}
-	r.tasks.WithLabelValues(task.StatusRunning).Inc()
-
-	progress := func(cur *task.Record, events ...task.Event) error {
-		cur.UpdatedAt = r.now().UTC()
-		return r.store.Save(context.WithoutCancel(ctx), *cur, events...)
-	}
-	started := time.Now()
-	err := r.workflow.Run(ctx, &rec, progress)
-	if err != nil {
-		var f *failure
-		switch {
-		case errors.As(err, &f):
-			r.fail(&rec, lg, f.code, f.msg)
-		case r.base.Err() != nil:
-			r.fail(&rec, lg, task.CodeAgentFailed, "the server shut down while the task was running")
-		case ctx.Err() != nil:
-			r.fail(&rec, lg, task.CodeAgentFailed, "the task ran out of time")
+// take hands tasks to free workers: first those the reaper claimed for
+// this replica, else the next one from the queue.
+func (r *Runner) take() {
+	defer r.loops.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-r.takeCtx.Done():
+			return
+		case r.slots <- struct{}{}:
+		}
+		var e taskstore.Entry
+		var ok bool
+		select {
+		case e = <-r.ready:
+			ok = true
 		default:
-			lg.Error("task failed", "err", err)
-			r.fail(&rec, lg, task.CodeAgentFailed, "the planner failed")
+			var err error
+			e, ok, err = r.store.Next(r.takeCtx, r.o.Queue, r.o.Consumer, r.o.Block)
+			if err != nil {
+				<-r.slots
+				if r.takeCtx.Err() != nil {
+					return
+				}
+				r.lg.Debug("task queue unavailable", "err", err.Error())
+				sleep(r.takeCtx, backoff)
+				backoff = min(2*backoff, 2*time.Second)
+				continue
+			}
+			backoff = 100 * time.Millisecond
+			if ok && r.takeCtx.Err() != nil {
+				// Taken while stopping: leave it unstarted and unrenewed, so
+				// another replica claims it after the lease and runs it.
+				<-r.slots
+				return
+			}
+		}
+		if !ok {
+			<-r.slots
+			continue
+		}
+		r.hold(e.ID, nil)
+		r.runs.Add(1)
+		go func() {
+			defer r.runs.Done()
+			defer func() { <-r.slots }()
+			r.execute(e)
+		}()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// hold starts renewing e's lease (cancel stops its run if the lease is lost).
+func (r *Runner) hold(entry string, cancel context.CancelFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h, ok := r.held[entry]; ok {
+		if cancel != nil {
+			h.cancel = cancel
 		}
 		return
 	}
-	rec.Status = task.StatusSucceeded
-	r.finish(&rec, lg)
-	lg.Info("task succeeded", "duration_ms", time.Since(started).Milliseconds(),
-		"steps", len(rec.Steps), "prompt_tokens", rec.Usage.PromptTokens, "completion_tokens", rec.Usage.CompletionTokens,
-		"warnings", rec.Warnings)
+	r.held[entry] = &holding{cancel: cancel, renewed: r.o.Now()}
 }
 
-func (r *Runner) fail(rec *task.Record, lg *slog.Logger, code, msg string) {
+func (r *Runner) unhold(entry string) {
+	r.mu.Lock()
+	delete(r.held, entry)
+	r.mu.Unlock()
+}
+
+// leaseLeft is how long e's lease lasts from now by the last renewal seen.
+func (r *Runner) leaseLeft(entry string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, ok := r.held[entry]
+	if !ok {
+		return 0
+	}
+	return r.o.Lease - r.o.Now().Sub(h.renewed)
+}
+
+// renew keeps the leases of every held entry, every third of the lease, and
+// stops the runs whose lease another replica took.
+func (r *Runner) renew() {
+	defer r.loops.Done()
+	t := time.NewTicker(r.o.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.loopsCtx.Done():
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		entries := make([]string, 0, len(r.held))
+		for e := range r.held {
+			entries = append(entries, e)
+		}
+		r.mu.Unlock()
+		if len(entries) == 0 {
+			continue
+		}
+		at := r.o.Now()
+		ctx, cancel := context.WithTimeout(r.loopsCtx, r.o.Lease/3)
+		lost, err := r.store.Renew(ctx, r.o.Consumer, entries)
+		cancel()
+		if err != nil {
+			r.lg.Warn("task leases not renewed", "tasks", len(entries), "err", err.Error())
+			continue
+		}
+		gone := map[string]bool{}
+		for _, e := range lost {
+			gone[e] = true
+		}
+		r.mu.Lock()
+		for _, e := range entries {
+			h, ok := r.held[e]
+			if !ok {
+				continue
+			}
+			if gone[e] {
+				delete(r.held, e)
+				if h.cancel != nil {
+					h.cancel()
+				}
+				continue
+			}
+			h.renewed = at
+		}
+		r.mu.Unlock()
+		for _, e := range lost {
+			r.lg.Warn("task lease lost to another replica: run stopped", "entry", e)
+		}
+	}
+}
+
+// reap claims entries whose lease lapsed (their replica stopped renewing)
+// and settles each: a task not started runs here, a started one fails with
+// worker_lost, a finished one is acknowledged. Every replica reaps; the
+// claim itself (XAUTOCLAIM) makes it safe for them to race.
+func (r *Runner) reap() {
+	defer r.loops.Done()
+	t := time.NewTicker(r.o.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.loopsCtx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(r.loopsCtx, r.o.Lease/3)
+		entries, err := r.store.Claim(ctx, r.o.Consumer, r.o.Lease, 16)
+		if err != nil {
+			cancel()
+			r.lg.Debug("task queue not reaped", "err", err.Error())
+			continue
+		}
+		for _, e := range entries {
+			r.reapOne(ctx, e)
+		}
+		cancel()
+	}
+}
+
+func (r *Runner) reapOne(ctx context.Context, e taskstore.Entry) {
+	l, rec, err := r.store.Acquire(ctx, e, r.o.Consumer)
+	switch {
+	case errors.Is(err, task.ErrNotFound):
+		_ = r.store.Ack(ctx, e.ID)
+		return
+	case err != nil:
+		return // unclaimed in effect: reclaimed after another lease
+	}
+	switch rec.Status {
+	case task.StatusQueued:
+		// Never started: it runs here, when a worker is free. Until then
+		// its lease is renewed like a running task's.
+		if r.takeCtx.Err() != nil {
+			return
+		}
+		select {
+		case r.ready <- e:
+			r.hold(e.ID, nil)
+		default:
+			// No room now; another lease from now, someone runs it.
+		}
+	case task.StatusRunning:
+		r.workerLost(ctx, l, rec)
+	default:
+		_ = r.store.Ack(ctx, e.ID)
+	}
+}
+
+// workerLost fails a task whose replica died mid-run: it may have spent
+// tokens and called tools, so it is not run twice. Its open reservations
+// are given back at once and its followers' streams end.
+func (r *Runner) workerLost(ctx context.Context, l taskstore.Lease, rec task.Record) {
+	r.hold(l.Entry.ID, nil)
+	defer r.unhold(l.Entry.ID)
+	if r.o.Release != nil {
+		if err := r.o.Release(ctx, rec); err != nil {
+			r.lg.Warn("lost task's reservations not given back (they expire)", "task", rec.ID, "err", err.Error())
+		}
+	}
 	rec.Status = task.StatusFailed
 	rec.Result = nil
-	rec.Error = &task.TaskError{Code: code, Message: msg}
-	lg.Info("task failed", "code", code, "reason", msg)
-	r.finish(rec, lg)
+	rec.Error = &task.TaskError{Code: task.CodeWorkerLost,
+		Message: "the server running this task stopped; the task was not run twice"}
+	if !r.save(ctx, l, &rec, true) {
+		return
+	}
+	_ = r.store.Ack(ctx, l.Entry.ID)
+	r.lost.Inc()
+	r.tasks.WithLabelValues(task.StatusFailed).Inc()
+	r.lg.Info("task failed: worker lost", "task", rec.ID, "request_id", rec.RequestID)
 }
 
-// finish saves the final record with its status and done events. It uses a
-// fresh context: the run's own may be what ended.
-func (r *Runner) finish(rec *task.Record, lg *slog.Logger) {
-	rec.UpdatedAt = r.now().UTC()
+// execute runs one taken entry: acquire its lease, then run, finish, ack.
+func (r *Runner) execute(e taskstore.Entry) {
+	ctx := r.base
+	l, rec, err := r.store.Acquire(ctx, e, r.o.Consumer)
+	switch {
+	case errors.Is(err, task.ErrNotFound):
+		_ = r.store.Ack(ctx, e.ID)
+		r.unhold(e.ID)
+		return
+	case err != nil:
+		// Redis is away: the entry stays pending, unrenewed, and is claimed
+		// after its lease (by us, if we are the one left).
+		r.unhold(e.ID)
+		r.lg.Warn("task not started: its lease could not be taken", "task", e.Task, "err", err.Error())
+		return
+	}
+	switch rec.Status {
+	case task.StatusQueued:
+	case task.StatusRunning:
+		// Started by a replica that lost it before we got it.
+		r.workerLost(ctx, l, rec)
+		r.unhold(e.ID)
+		return
+	default:
+		_ = r.store.Ack(ctx, e.ID)
+		r.unhold(e.ID)
+		return
+	}
+	defer r.unhold(e.ID)
+	lg := r.lg.With("task", rec.ID, "request_id", rec.RequestID)
+	runCtx, cancelRun := context.WithTimeout(r.base, r.o.Timeout)
+	defer cancelRun()
+	r.hold(e.ID, cancelRun)
+
+	rec.Status = task.StatusRunning
+	rec.UpdatedAt = r.o.Now().UTC()
+	status, _ := json.Marshal(map[string]string{"status": task.StatusRunning})
+	if err := r.store.Save(runCtx, l, rec, task.Event{Type: task.EventStatus, Data: status}); err != nil {
+		if errors.Is(err, taskstore.ErrLeaseLost) {
+			return
+		}
+		lg.Warn("task start not saved", "err", err.Error())
+	}
+	r.tasks.WithLabelValues(task.StatusRunning).Inc()
+	r.running.Inc()
+	defer r.running.Dec()
+
+	progress := func(cur *task.Record, events ...task.Event) error {
+		cur.UpdatedAt = r.o.Now().UTC()
+		err := r.store.Save(context.WithoutCancel(runCtx), l, *cur, events...)
+		if errors.Is(err, taskstore.ErrLeaseLost) {
+			cancelRun() // another replica owns the task now: stop spending
+		}
+		return err
+	}
+	started := time.Now()
+	err = r.wf.Run(runCtx, &rec, progress)
+	outcome := task.StatusSucceeded
+	if err != nil {
+		code, msg := r.failure(err, runCtx)
+		rec.Status, rec.Result = task.StatusFailed, nil
+		rec.Error = &task.TaskError{Code: code, Message: msg}
+		outcome = code
+		lg.Info("task failed", "code", code, "reason", msg)
+	} else {
+		rec.Status = task.StatusSucceeded
+	}
+	if !r.save(context.WithoutCancel(runCtx), l, &rec, true) {
+		return
+	}
+	_ = r.store.Ack(context.WithoutCancel(runCtx), e.ID)
+	r.tasks.WithLabelValues(rec.Status).Inc()
+	r.duration.WithLabelValues(outcome).Observe(time.Since(started).Seconds())
+	if err == nil {
+		lg.Info("task succeeded", "duration_ms", time.Since(started).Milliseconds(),
+			"steps", len(rec.Steps), "prompt_tokens", rec.Usage.PromptTokens,
+			"completion_tokens", rec.Usage.CompletionTokens, "warnings", rec.Warnings)
+	}
+}
+
+// failure turns a run's error into the task's failure code and message.
+func (r *Runner) failure(err error, runCtx context.Context) (code, msg string) {
+	var f *failure
+	switch {
+	case errors.As(err, &f):
+		return f.code, f.msg
+	case r.base.Err() != nil:
+		return task.CodeAgentFailed, "the server shut down while the task was running"
+	case runCtx.Err() != nil:
+		return task.CodeAgentFailed, "the task ran out of time"
+	}
+	r.lg.Error("task failed", "err", err.Error())
+	return task.CodeAgentFailed, "the planner failed"
+}
+
+// save writes a final record with its status and done events, retrying
+// with backoff for as long as the lease lasts: a final save that meets a
+// Redis outage still lands once Redis is back, or the lease lapses and the
+// reaper ends the task with worker_lost. It reports whether it landed.
+func (r *Runner) save(ctx context.Context, l taskstore.Lease, rec *task.Record, final bool) bool {
+	rec.UpdatedAt = r.o.Now().UTC()
 	status, _ := json.Marshal(map[string]string{"status": rec.Status})
 	done, _ := json.Marshal(rec.Task)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := r.store.Save(ctx, *rec, task.Event{Type: task.EventStatus, Data: status}, task.Event{Type: task.EventDone, Data: done}); err != nil {
-		lg.Error("final task state not saved", "status", rec.Status, "err", err)
+	events := []task.Event{{Type: task.EventStatus, Data: status}}
+	if final {
+		events = append(events, task.Event{Type: task.EventDone, Data: done})
 	}
-	r.tasks.WithLabelValues(rec.Status).Inc()
+	backoff := 100 * time.Millisecond
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.store.Save(sctx, l, *rec, events...)
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, taskstore.ErrLeaseLost):
+			r.lg.Warn("final task state not saved: lease lost to another replica", "task", rec.ID)
+			return false
+		}
+		left := r.leaseLeft(l.Entry.ID)
+		if left <= backoff {
+			r.lg.Error("final task state not saved before the lease ran out; another replica will fail it", "task", rec.ID, "err", err.Error())
+			return false
+		}
+		r.lg.Warn("final task state not saved; retrying", "task", rec.ID, "retry_in", backoff.String(), "err", err.Error())
+		sleep(context.Background(), backoff)
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
-// Shutdown stops accepting tasks and waits for running ones until ctx ends;
-// then it cancels them, and they are marked failed before it returns.
+// Shutdown stops taking tasks and waits for running ones until ctx ends;
+// then it cancels them, and they are marked failed (their final events
+// written) before it returns. Tasks taken but not started are left to be
+// claimed by another replica.
 func (r *Runner) Shutdown(ctx context.Context) error {
-	r.mu.Lock()
-	r.closed = true
-	r.mu.Unlock()
+	r.stopTaking()
 	done := make(chan struct{})
-	go func() { r.wg.Wait(); close(done) }()
+	go func() { r.runs.Wait(); close(done) }()
+	var err error
 	select {
 	case <-done:
-		r.cancel()
-		return nil
 	case <-ctx.Done():
-		r.cancel()
+		r.cancelBase()
 		<-done
-		return ctx.Err()
+		err = ctx.Err()
 	}
+	r.cancelBase()
+	r.stopLoops()
+	r.loops.Wait()
+	return err
 }

@@ -2,185 +2,287 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
-	"strings"
+	"fmt"
+	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
-	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/agent/taskstore"
+	"faregate/protect/redistest"
 )
 
-// newRunner returns a runner of r's workflow on store.
-func (r *rig) runner(store Store, concurrency int, reg prometheus.Registerer) *Runner {
-	return NewRunner(store, r.workflow(), concurrency, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+// execFn is an Executor made of a function.
+type execFn func(ctx context.Context, rec *task.Record, progress Progress) error
+
+func (f execFn) Run(ctx context.Context, rec *task.Record, progress Progress) error {
+	return f(ctx, rec, progress)
 }
 
-// statuses lists the status events a store received, in order.
-func statuses(t *testing.T, evs []task.Event) []string {
+// succeed is a run that plans at once.
+func succeed(_ context.Context, rec *task.Record, _ Progress) error {
+	rec.Result = &task.Result{Summary: "ok", Model: "fake"}
+	return nil
+}
+
+// testLease is the shortest lease the configuration allows: tests never
+// depend on timing tighter than it.
+const testLease = 3 * time.Second
+
+func newRunner(t *testing.T, rdb redis.UniversalClient, wf Executor, name string, release func(context.Context, task.Record) error) *Runner {
 	t.Helper()
-	var out []string
-	for _, e := range evs {
-		if e.Type != task.EventStatus {
-			continue
-		}
-		var s struct{ Status string }
-		if err := json.Unmarshal(e.Data, &s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s.Status)
+	r := NewRunner(taskstore.New(rdb), wf, RunnerOptions{
+		Concurrency: 1, Lease: testLease, Timeout: time.Minute, Queue: rdb, Consumer: name,
+		Release: release, Block: 100 * time.Millisecond,
+	})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return r
 }
 
-// TestRunnerRunsATask: created queued, then running, its steps, and the
-// final state with a done event carrying the task.
-func TestRunnerRunsATask(t *testing.T) {
-	m := &fakeModel{GenerateFn: func(context.Context, int, chat.Turn) (chat.Reply, error) { return plan(2), nil }}
-	store := &fakeStore{}
-	reg := prometheus.NewRegistry()
-	run := newRig(m).runner(store, 2, reg)
-	rec, err := run.Create(context.Background(), task.Record{Task: task.Task{Request: lisbon}, Visitor: "v1", Day: "2026-08-15"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !task.ValidID(rec.ID) || rec.Status != task.StatusQueued || rec.CreatedAt.IsZero() {
-		t.Fatalf("created %+v", rec)
-	}
-	if err := run.Launch(rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	evs := store.Events()
-	if got := strings.Join(statuses(t, evs), ","); got != "running,succeeded" {
-		t.Fatalf("status events %s", got)
-	}
-	done := evs[len(evs)-1]
-	var final task.Task
-	if done.Type != task.EventDone || json.Unmarshal(done.Data, &final) != nil || final.Status != task.StatusSucceeded || final.Result == nil {
-		t.Fatalf("done event %+v", done)
-	}
-	if last := store.Last(); last.Status != task.StatusSucceeded || last.Visitor != "v1" || len(last.Steps) == 0 {
-		t.Fatalf("final record %+v", last)
-	}
-	if n := testutil.ToFloat64(run.tasks.WithLabelValues(task.StatusSucceeded)); n != 1 {
-		t.Fatalf("succeeded counter %v", n)
-	}
-	if err := run.Launch(rec); !errors.Is(err, ErrShuttingDown) {
-		t.Fatalf("launch after shutdown: %v", err)
+// waitStatus polls the store until the task has the status (a real event:
+// the runner's work in other goroutines), failing after d.
+func waitStatus(t *testing.T, s *taskstore.Store, id, status string, d time.Duration) task.Record {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		rec, err := s.Get(context.Background(), id)
+		if err == nil && rec.Status == status {
+			return rec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s: status %q (err %v), want %q within %v", id, rec.Status, err, status, d)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// TestRunnerFailures: each way a run ends badly leaves a failed task with
-// a stable code and a sentence for the visitor.
-func TestRunnerFailures(t *testing.T) {
-	tests := []struct {
-		name     string
-		generate func(context.Context, int, chat.Turn) (chat.Reply, error)
-		code     string
-		message  string
-	}{
-		{"provider down", func(context.Context, int, chat.Turn) (chat.Reply, error) { return chat.Reply{}, errors.New("500") },
-			task.CodeModelUnavailable, "did not answer"},
-		{"out of time", func(ctx context.Context, _ int, _ chat.Turn) (chat.Reply, error) {
-			<-ctx.Done()
-			return chat.Reply{}, ctx.Err()
-		},
-			task.CodeAgentFailed, "ran out of time"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				store := &fakeStore{}
-				r := newRig(&fakeModel{GenerateFn: tc.generate})
-				r.cfg.Timeout = 10 * time.Second
-				run := r.runner(store, 1, nil)
-				rec, _ := run.Create(context.Background(), task.Record{Task: task.Task{Request: lisbon}})
-				if err := run.Launch(rec); err != nil {
+// TestRunnerRunsQueuedTasks: tasks submitted anywhere run on a free worker
+// and end succeeded, leaving the queue empty.
+func TestRunnerRunsQueuedTasks(t *testing.T) {
+	for _, be := range redistest.Both(t) {
+		t.Run(be.Name, func(t *testing.T) {
+			r := newRunner(t, be.Client, execFn(succeed), "a", nil)
+			defer r.Shutdown(context.Background())
+			var ids []string
+			for i := 0; i < 3; i++ {
+				rec, err := r.Submit(context.Background(), task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+				if err != nil {
 					t.Fatal(err)
 				}
-				if err := run.Shutdown(context.Background()); err != nil {
-					t.Fatal(err)
+				ids = append(ids, rec.ID)
+			}
+			for _, id := range ids {
+				rec := waitStatus(t, r.store, id, task.StatusSucceeded, 30*time.Second)
+				if rec.Result == nil || rec.Result.Summary != "ok" {
+					t.Fatalf("result %+v", rec.Result)
 				}
-				last := store.Last()
-				if last.Status != task.StatusFailed || last.Error == nil || last.Error.Code != tc.code || !strings.Contains(last.Error.Message, tc.message) || last.Result != nil {
-					t.Fatalf("final record %+v (error %+v)", last, last.Error)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				n, err := r.Depth(context.Background())
+				if err == nil && n == 0 {
+					break
 				}
-			})
+				if time.Now().After(deadline) {
+					t.Fatalf("queue depth %d after every task finished", n)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		})
 	}
 }
 
-// TestRunnerShutdownGrace: when the grace period ends, the running task is
-// cancelled and the one waiting for a slot never starts; both are failed.
-func TestRunnerShutdownGrace(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m := &fakeModel{GenerateFn: func(ctx context.Context, _ int, _ chat.Turn) (chat.Reply, error) {
-			<-ctx.Done()
-			return chat.Reply{}, ctx.Err()
-		}}
-		store := &fakeStore{}
-		run := newRig(m).runner(store, 1, nil)
-		var ids []string
-		for range 2 {
-			rec, _ := run.Create(context.Background(), task.Record{Task: task.Task{Request: lisbon}})
-			ids = append(ids, rec.ID)
-			if err := run.Launch(rec); err != nil {
-				t.Fatal(err)
-			}
+// crash stops a runner the way kill -9 would, as far as Redis can tell: it
+// takes no more tasks and renews no leases, and its running task never
+// writes again (its run is parked until the test ends).
+func crash(r *Runner) {
+	r.stopTaking()
+	r.stopLoops()
+}
+
+// TestKilledReplica: a replica with one worker dies with one task running
+// and two queued. The running one ends worker_lost within lease + 5 s on the
+// other replica, with its reservations given back at once; the two queued
+// ones run to succeeded there.
+func TestKilledReplica(t *testing.T) {
+	be := redistest.Real(t)
+	ctx := context.Background()
+	parked := make(chan struct{})
+	defer close(parked)
+	startedA := make(chan string, 1)
+	a := newRunner(t, be.Client, execFn(func(ctx context.Context, rec *task.Record, _ Progress) error {
+		startedA <- rec.ID
+		<-parked // the dead process never comes back
+		return nil
+	}), "a", nil)
+
+	first, err := a.Submit(ctx, task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-startedA; got != first.ID {
+		t.Fatalf("replica a started %s, want %s", got, first.ID)
+	}
+	waitStatus(t, a.store, first.ID, task.StatusRunning, 10*time.Second)
+	var queued []string
+	for i := 0; i < 2; i++ {
+		rec, err := a.Submit(ctx, task.Record{Task: task.Task{Request: task.Request{Destination: "Porto", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+		if err != nil {
+			t.Fatal(err)
 		}
-		synctest.Wait() // the first runs and hangs, the second waits for its slot
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := run.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("shutdown: %v", err)
-		}
-		var msgs []string
-		for _, id := range ids {
-			rec := store.LastOf(id)
-			if rec.Status != task.StatusFailed {
-				t.Fatalf("task %s: %s", id, rec.Status)
-			}
-			msgs = append(msgs, rec.Error.Message)
-		}
-		if !strings.Contains(strings.Join(msgs, "|"), "while the task was running") || !strings.Contains(strings.Join(msgs, "|"), "before the task could start") {
-			t.Fatalf("messages %q", msgs)
-		}
+		queued = append(queued, rec.ID)
+	}
+	killedAt := time.Now()
+	crash(a)
+
+	var mu sync.Mutex
+	var released []string
+	b := newRunner(t, be.Client, execFn(succeed), "b", func(_ context.Context, rec task.Record) error {
+		mu.Lock()
+		released = append(released, rec.ID)
+		mu.Unlock()
+		return nil
 	})
+	defer b.Shutdown(ctx)
+	for _, id := range queued {
+		waitStatus(t, b.store, id, task.StatusSucceeded, 30*time.Second)
+	}
+	lost := waitStatus(t, b.store, first.ID, task.StatusFailed, testLease+5*time.Second)
+	took := time.Since(killedAt)
+	if lost.Error == nil || lost.Error.Code != task.CodeWorkerLost {
+		t.Fatalf("lost task error %+v, want worker_lost", lost.Error)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(released) != fmt.Sprint([]string{first.ID}) {
+		t.Fatalf("reservations given back for %v, want only the lost task", released)
+	}
+	t.Logf("kill → worker_lost in %v (lease %v)", took.Round(time.Millisecond), testLease)
 }
 
-// TestRunnerSavesAreBestEffort: a store that fails to save progress does
-// not stop the run; the final save is still attempted.
-func TestRunnerSavesAreBestEffort(t *testing.T) {
-	m := &fakeModel{GenerateFn: func(context.Context, int, chat.Turn) (chat.Reply, error) { return plan(2), nil }}
-	store := &fakeStore{SaveFn: func(context.Context, task.Record, ...task.Event) error { return errors.New("store down") }}
-	run := newRig(m).runner(store, 1, nil)
-	rec, _ := run.Create(context.Background(), task.Record{Task: task.Task{Request: lisbon}})
-	if err := run.Launch(rec); err != nil {
+// TestFinalSaveAcrossAnOutage: the task finishes while Redis is cut off;
+// its final save is retried and lands once Redis is back.
+func TestFinalSaveAcrossAnOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	f := redistest.NewFaults()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Dialer: f.Dialer(nil), MaxRetries: -1,
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	cut := make(chan struct{})
+	r := newRunner(t, rdb, execFn(func(ctx context.Context, rec *task.Record, _ Progress) error {
+		f.Cut() // Redis goes away while the task runs
+		close(cut)
+		rec.Result = &task.Result{Summary: "ok"}
+		return nil
+	}), "a", nil)
+	defer r.Shutdown(context.Background())
+	rec, err := r.Submit(context.Background(), task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := run.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if last := store.Last(); last.Status != task.StatusSucceeded || last.Result == nil {
-		t.Fatalf("final save %+v", last)
+	<-cut
+	// The outage outlasts several save attempts, but not the lease.
+	time.Sleep(testLease / 3) // the outage's length: what the test is about
+	f.Restore()
+	got := waitStatus(t, taskstore.New(srv.Client(t)), rec.ID, task.StatusSucceeded, 30*time.Second)
+	if got.Result == nil || got.Result.Summary != "ok" {
+		t.Fatalf("result %+v", got.Result)
 	}
 }
 
-// TestRunnerCreateFails: a store failure is the caller's to answer.
-func TestRunnerCreateFails(t *testing.T) {
-	down := errors.New("store down")
-	run := newRig(&fakeModel{}).runner(&fakeStore{CreateFn: func(context.Context, task.Record) error { return down }}, 1, nil)
-	if _, err := run.Create(context.Background(), task.Record{}); !errors.Is(err, down) {
-		t.Fatalf("err %v", err)
+// TestLostLeaseStopsTheRun: when another replica takes a task's lease, the
+// first one's run is stopped and nothing it writes lands.
+func TestLostLeaseStopsTheRun(t *testing.T) {
+	be := redistest.Real(t)
+	ctx := context.Background()
+	stopped := make(chan error, 1)
+	running := make(chan task.Record, 1)
+	a := newRunner(t, be.Client, execFn(func(ctx context.Context, rec *task.Record, _ Progress) error {
+		running <- *rec
+		<-ctx.Done()
+		stopped <- ctx.Err()
+		return ctx.Err()
+	}), "a", nil)
+	defer a.Shutdown(ctx)
+	rec, err := a.Submit(ctx, task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	// Another replica claims the entry, as its reaper would after a lapse.
+	s := taskstore.New(be.Client)
+	pend, err := be.Client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: taskstore.QueueKey, Group: taskstore.Group, Start: "-", End: "+", Count: 10}).Result()
+	if err != nil || len(pend) != 1 {
+		t.Fatalf("pending %v %v", pend, err)
+	}
+	if err := be.Client.XClaim(ctx, &redis.XClaimArgs{Stream: taskstore.QueueKey, Group: taskstore.Group, Consumer: "b", Messages: []string{pend[0].ID}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, cur, err := s.Acquire(ctx, taskstore.Entry{ID: pend[0].ID, Task: rec.ID}, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("run ended with %v", err)
+		}
+	case <-time.After(testLease + 5*time.Second):
+		t.Fatal("the run was not stopped after its lease was taken")
+	}
+	cur.Status = task.StatusFailed
+	if err := s.Save(ctx, l, cur); err != nil {
+		t.Fatalf("the new owner cannot write: %v", err)
+	}
+	if got, _ := s.Get(ctx, rec.ID); got.Status != task.StatusFailed {
+		t.Fatalf("status %s: the old owner overwrote the new one", got.Status)
+	}
+}
+
+// TestShutdownGrace: a run that outlasts the grace is cancelled and saved
+// failed before Shutdown returns.
+func TestShutdownGrace(t *testing.T) {
+	be := redistest.Mini(t)
+	running := make(chan struct{})
+	r := newRunner(t, be.Client, execFn(func(ctx context.Context, rec *task.Record, _ Progress) error {
+		close(running)
+		<-ctx.Done()
+		return ctx.Err()
+	}), "a", nil)
+	rec, err := r.Submit(context.Background(), task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no grace at all
+	if err := r.Shutdown(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("shutdown: %v", err)
+	}
+	got, err := r.store.Get(context.Background(), rec.ID)
+	if err != nil || got.Status != task.StatusFailed || got.Error == nil || got.Error.Code != task.CodeAgentFailed {
+		t.Fatalf("after shutdown: %+v %v", got, err)
+	}
+	if _, err := r.Submit(context.Background(), task.Record{Principal: "v_a", Day: "2026-12-01"}); err != nil {
+		// Submit only stores and enqueues; another replica would run it.
+		t.Fatalf("submit after shutdown: %v", err)
+	}
+}
+
+// TestCached: a served cached plan is stored final at once, never queued.
+func TestCached(t *testing.T) {
+	be := redistest.Mini(t)
+	r := NewRunner(taskstore.New(be.Client), execFn(succeed), RunnerOptions{Queue: be.Client})
+	rec, err := r.Cached(context.Background(), task.Record{Task: task.Task{Result: &task.Result{Summary: "cached", Cached: true}}, Principal: "v_a", Day: "2026-12-01"})
+	if err != nil || rec.Status != task.StatusSucceeded {
+		t.Fatalf("%+v %v", rec, err)
+	}
+	if n, _ := r.Depth(context.Background()); n != 0 {
+		t.Fatalf("a cached plan entered the queue (depth %d)", n)
 	}
 }

@@ -101,6 +101,40 @@ func (s *Store) Create(ctx context.Context, rec task.Record) error {
 	return nil
 }
 
+// createFinalScript stores a task that is final at once, with its status
+// and done events. KEYS record, events. ARGV record, status data, done
+// data, ttl, maxlen.
+var createFinalScript = redis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[4]) == false then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'done', 'data', ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1
+`)
+
+// CreateFinal stores a task that is final from the start (a plan served
+// from the cache), with its status and done events, so followers end at once.
+func (s *Store) CreateFinal(ctx context.Context, rec task.Record) error {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("taskstore: encode task: %w", err)
+	}
+	status, _ := json.Marshal(map[string]string{"status": rec.Status})
+	done, _ := json.Marshal(rec.Task)
+	n, err := createFinalScript.Run(ctx, s.rdb, []string{taskKey(rec.ID), eventsKey(rec.ID)},
+		body, status, done, int64(TaskTTL/time.Second), streamMaxLen).Int()
+	if err != nil {
+		return unavailable(err)
+	}
+	if n == 0 {
+		if got, gerr := s.Get(ctx, rec.ID); gerr == nil && got.CreatedAt.Equal(rec.CreatedAt) {
+			return nil
+		}
+		return ErrExists
+	}
+	return nil
+}
+
 // Get loads a task.
 func (s *Store) Get(ctx context.Context, id string) (task.Record, error) {
 	if !task.ValidID(id) {

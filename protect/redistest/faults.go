@@ -45,10 +45,15 @@ func (f *Faults) Lost() int64 { return f.lost.Load() }
 func (f *Faults) Cut() {
 	f.cut.Store(true)
 	f.mu.Lock()
+	conns := make([]net.Conn, 0, len(f.conns))
 	for c := range f.conns {
-		_ = c.Close()
+		conns = append(conns, c)
 	}
 	f.mu.Unlock()
+	// Closed outside the lock: closing a conn untracks it.
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // Restore ends a Cut.
