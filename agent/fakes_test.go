@@ -46,53 +46,68 @@ func (m *fakeModel) Turns() []chat.Turn {
 }
 
 // fakeBudget is the workflow's Budget. By default it is an in-memory
-// budget of Left tokens: a reservation takes its amount, a settle gives
-// back what was not used (or takes the excess).
+// budget of Left tokens: a reservation takes its tokens, a settle gives
+// back what was not used (or takes the excess, as overage). Prices, when
+// set, give each model a cost per token in micro-units.
 type fakeBudget struct {
 	ReserveFn func(ctx context.Context, req budget.Request) (budget.Reservation, error)
-	SettleFn  func(ctx context.Context, r budget.Reservation, actual int64) (int64, error)
+	SettleFn  func(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
 
 	mu       sync.Mutex
 	Left     int64
+	Prices   map[string]int64
 	reserved []budget.Request
 	settled  []settlement
 }
 
 // settlement is one Settle call.
 type settlement struct {
-	Reservation budget.Reservation
-	Actual      int64
+	Reservation        budget.Reservation
+	Prompt, Completion int64
 }
+
+// Actual is the tokens the settle charged.
+func (s settlement) Actual() int64 { return s.Prompt + s.Completion }
 
 func newBudget(left int64) *fakeBudget { return &fakeBudget{Left: left} }
 
 func (b *fakeBudget) Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error) {
 	b.mu.Lock()
 	b.reserved = append(b.reserved, req)
+	n := len(b.reserved)
 	b.mu.Unlock()
 	if b.ReserveFn != nil {
 		return b.ReserveFn(ctx, req)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if req.Amount > b.Left {
+	tokens := req.PromptTokens + req.MaxTokens
+	if tokens > b.Left {
 		return budget.Reservation{}, &budget.ExhaustedError{Scope: budget.ScopeTask, Remaining: b.Left}
 	}
-	b.Left -= req.Amount
-	return budget.Reservation{ID: fmt.Sprintf("r%d", len(b.reserved)), Day: req.Day, Visitor: req.Visitor, Task: req.Task, Amount: req.Amount}, nil
+	b.Left -= tokens
+	return budget.Reservation{ID: fmt.Sprintf("r%d", n), Day: req.Day, Principal: req.Principal, Tier: req.Tier,
+		Task: req.Task, Model: req.Model, PrincipalLimit: req.PrincipalLimit, TierLimit: req.TierLimit,
+		Tokens: tokens, CostMicro: tokens * b.Prices[req.Model]}, nil
 }
 
-func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, actual int64) (int64, error) {
+func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error) {
 	b.mu.Lock()
-	b.settled = append(b.settled, settlement{r, actual})
+	b.settled = append(b.settled, settlement{r, prompt, completion})
 	b.mu.Unlock()
 	if b.SettleFn != nil {
-		return b.SettleFn(ctx, r, actual)
+		return b.SettleFn(ctx, r, prompt, completion)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.Left += r.Amount - actual
-	return actual, nil
+	used := prompt + completion
+	b.Left += r.Tokens - used
+	s := budget.Settlement{Tokens: used, CostMicro: used * b.Prices[r.Model]}
+	if used > r.Tokens {
+		s.OverageTokens = used - r.Tokens
+		s.OverageCostMicro = s.OverageTokens * b.Prices[r.Model]
+	}
+	return s, nil
 }
 
 func (b *fakeBudget) Settled() []settlement {
@@ -262,14 +277,29 @@ func newRig(m chat.Model, ts ...tools.Tool) *rig {
 }
 
 func (r *rig) workflow() *Workflow {
-	tb := func(*task.Record, func(code, detail string)) []tools.Tool { return r.tools }
-	return NewWorkflow(r.cfg, r.models, r.budget, r.ledger, tb, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return NewWorkflow(r.cfg, r.deps())
 }
 
-// record is a task record as the runner hands it to the workflow.
+// deps are the rig's fakes as a workflow's Deps.
+func (r *rig) deps() Deps {
+	return Deps{
+		Models: r.models,
+		Budget: r.budget,
+		Ledger: r.ledger,
+		Tools:  func(*task.Record, func(code, detail string)) []tools.Tool { return r.tools },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// visitor is a visitor's principal id: "v_" and an HMAC's 64 hex digits.
+const visitor = "v_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// record is a task record as the runner hands it to the workflow: a
+// visitor of the public tier, with the tier's limits.
 func record(req task.Request) *task.Record {
 	return &task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusRunning, Request: req, Steps: []task.Step{}, Warnings: []string{}},
-		Visitor: "v1", Day: "2026-08-15"}
+		Principal: visitor, Tier: "public", Limits: task.Limits{TokensPerDay: 40000, TokensPerMinute: 6000, TierTokens: 150000},
+		Day: "2026-08-15", RequestID: "req-1"}
 }
 
 // run runs the workflow for req and returns the record and Run's error.

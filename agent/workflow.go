@@ -38,13 +38,15 @@ type Config struct {
 	LoopThreshold float64
 }
 
-// Budget reserves tokens before a model call and settles after it.
+// Budget reserves tokens and money before a model call and settles after
+// it (*budget.Budget).
 type Budget interface {
 	Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error)
-	Settle(ctx context.Context, r budget.Reservation, actual int64) (int64, error)
+	Settle(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
 }
 
-// Ledger records one entry per model call.
+// Ledger records one entry per model call that reached a model
+// (*budget.Ledger).
 type Ledger interface {
 	Append(ctx context.Context, e budget.Entry) error
 }
@@ -53,36 +55,63 @@ type Ledger interface {
 // the tools (the outbound transport's downstream pushback).
 type Toolbox func(rec *task.Record, warn func(code, detail string)) []tools.Tool
 
+// Deps are what a Workflow works with. Models, Budget and Tools are
+// required; the rest may be left zero.
+type Deps struct {
+	Models *Models
+	Budget Budget
+	// Ledger, when set, records every model call that reached a model.
+	Ledger Ledger
+	Tools  Toolbox
+	// Logger defaults to one that discards.
+	Logger *slog.Logger
+	// Estimate counts a call's prompt tokens for the model it goes to;
+	// default chat.EstimatePrompt, whatever the model.
+	Estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
+}
+
 // Workflow plans trips with a tool-using model loop on a chat.Model. It
 // owns the loop rather than using a framework's agent executor (langchaingo's
 // aborts on a tool error, does not check the context between steps and
 // drops token usage).
 type Workflow struct {
-	cfg    Config
-	models *Models
-	budget Budget
-	ledger Ledger
-	tools  Toolbox
-	lg     *slog.Logger
+	cfg      Config
+	models   *Models
+	budget   Budget
+	ledger   Ledger
+	tools    Toolbox
+	lg       *slog.Logger
+	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
 }
 
-// NewWorkflow assembles a workflow. ledger may be nil.
-func NewWorkflow(cfg Config, models *Models, b Budget, ledger Ledger, tb Toolbox, lg *slog.Logger) *Workflow {
-	return &Workflow{cfg: cfg, models: models, budget: b, ledger: ledger, tools: tb, lg: lg}
+// NewWorkflow assembles a workflow from cfg and d, defaults applied.
+func NewWorkflow(cfg Config, d Deps) *Workflow {
+	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
+		lg: d.Logger, estimate: d.Estimate}
+	if w.lg == nil {
+		w.lg = slog.New(slog.DiscardHandler)
+	}
+	if w.estimate == nil {
+		w.estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
+			return chat.EstimatePrompt(msgs, tools)
+		}
+	}
+	return w
 }
 
 // Models returns the workflow's model router (for health and config).
 func (w *Workflow) Models() *Models { return w.models }
 
 // MinRunTokens is what one minimal run must be able to afford: the
-// reservation of a first model call for the largest valid request.
+// reservation of a first model call for the largest valid request, on the
+// model a first call goes to.
 func (w *Workflow) MinRunTokens() int64 {
 	req := task.Request{Destination: strings.Repeat("x", 80), Days: 7, Language: task.LangChinese}
 	for i := 0; i < 5; i++ {
 		req.Interests = append(req.Interests, strings.Repeat("x", 32))
 	}
 	defs := tools.Definitions(w.tools(&task.Record{Task: task.Task{Request: req}}, func(string, string) {}))
-	return chat.EstimatePrompt(initialMessages(req), defs) + int64(w.cfg.MaxTokens)
+	return w.estimate(w.models.Next(false).Name, initialMessages(req), defs) + int64(w.cfg.MaxTokens)
 }
 
 func initialMessages(r task.Request) []chat.Message {
@@ -96,13 +125,26 @@ func initialMessages(r task.Request) []chat.Message {
 // and the events to publish with it.
 type Progress func(rec *task.Record, events ...task.Event) error
 
-// failure is a run's terminal error with its task code.
+// failure is a run's terminal error with its task code and a sentence
+// for the visitor.
 type failure struct {
 	code string
 	msg  string
 }
 
 func (f *failure) Error() string { return f.code + ": " + f.msg }
+
+// FailureCode reads the task code and the visitor's message of an error
+// Run returned: agent_failed, model_unavailable, input_spike or
+// token_rate_limited. ok is false for any other error (a context's end, a
+// bug), which the caller maps itself.
+func FailureCode(err error) (code, msg string, ok bool) {
+	var f *failure
+	if !errors.As(err, &f) {
+		return "", "", false
+	}
+	return f.code, f.msg, true
+}
 
 // run is the state of one task's run.
 type run struct {
@@ -133,8 +175,8 @@ type memo struct {
 }
 
 // Run executes the workflow for rec, reporting progress, and fills in
-// rec.Result, rec.Usage, rec.Warnings, or returns a *failure-like error
-// whose code is task.CodeAgentFailed or task.CodeModelUnavailable.
+// rec.Result, rec.Usage, rec.Warnings, or returns an error whose task code
+// FailureCode reads; a context's end is returned as it is.
 func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress) error {
 	r := &run{w: w, rec: rec, progress: progress, memory: map[string]*memo{},
 		lg: w.lg.With("task", rec.ID, "request_id", rec.RequestID)}

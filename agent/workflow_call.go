@@ -19,42 +19,37 @@ var errBudgetRefused = errors.New("agent: token budget refused the call")
 // errCut stops a streaming call from inside its callback.
 var errCut = errors.New("agent: stream cut")
 
+// minClosingTokens is the smallest completion worth asking for a final answer.
+const minClosingTokens = 256
+
+// modelCall is one model call of a run, from its reservation to its
+// settlement, across the attempts Models.Do makes (the primary, then the
+// fallback). It holds what the call has booked, so that whichever way the
+// call ends, release gives back what no attempt used.
+type modelCall struct {
+	r       *run
+	defs    []chat.ToolDef
+	closing bool // no tools: a smaller max_tokens may fit what is left
+
+	// prompt and maxTokens are the current attempt's estimate and
+	// completion limit.
+	prompt, maxTokens int64
+
+	// res is the budget reservation the next attempt uses; open until an
+	// attempt settles it or release gives it back.
+	res     budget.Reservation
+	resOpen bool
+}
+
 // call makes one model call: reserve, stream with cut-offs, settle, record.
 func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Reply, error) {
-	var defs []chat.ToolDef
+	c := &modelCall{r: r, closing: !offerTools}
 	if offerTools {
-		defs = r.defs
+		c.defs = r.defs
 	}
-	prompt := chat.EstimatePrompt(r.msgs, defs)
-	maxTokens := int64(r.w.cfg.MaxTokens)
-
 	st := r.startStep("model", label, "")
-	// Reserve before the breaker sees the call: a budget refusal is not a
-	// provider failure and must never count towards opening it.
-	res, err := r.reserve(ctx, prompt, &maxTokens, offerTools)
-	var reply chat.Reply
-	var used Model
-	var fellBack bool
-	if err == nil {
-		used, fellBack, err = r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
-			cur := res
-			if cur.ID == "" {
-				// A second attempt (the fallback after a failed primary) needs
-				// its own reservation; the first one was settled.
-				var rerr error
-				if cur, rerr = r.reserve(ctx, prompt, &maxTokens, offerTools); rerr != nil {
-					return rerr
-				}
-			}
-			res = budget.Reservation{}
-			rep, aerr := r.attempt(ctx, mdl, cur, prompt, maxTokens, defs)
-			if aerr != nil {
-				return aerr
-			}
-			reply = rep
-			return nil
-		})
-	}
+	reply, used, fellBack, err := c.do(ctx)
+	c.release(ctx)
 	if err != nil {
 		detail := "model call failed"
 		var f *failure
@@ -62,10 +57,10 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 		case errors.Is(err, errBudgetRefused):
 			detail = "token budget exhausted"
 			r.warn(task.WarnBudgetExhausted)
-		case ctx.Err() != nil:
-			detail = "stopped: time limit"
 		case errors.As(err, &f):
 			detail = f.msg
+		case ctx.Err() != nil:
+			detail = "stopped: time limit"
 		}
 		r.endStep(st, "failed", detail)
 		if errors.Is(err, errBudgetRefused) || ctx.Err() != nil || f != nil {
@@ -90,32 +85,99 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 	return reply, nil
 }
 
-// reserve books prompt + max_tokens in every budget scope. When the budget
-// cannot afford that, a closing call (no tools) may still go ahead with a
-// smaller max_tokens that fits what is left, so a run ends with what it has;
-// *maxTokens is lowered accordingly.
-func (r *run) reserve(ctx context.Context, prompt int64, maxTokens *int64, offerTools bool) (budget.Reservation, error) {
-	req := budget.Request{Day: r.rec.Day, Visitor: r.rec.Visitor, Task: r.rec.ID, Amount: prompt + *maxTokens}
+// do books the call for the model Do tries first and makes it. The
+// reservation comes before the breaker sees the call: a budget refusal is
+// not a provider failure and must never count towards opening it.
+func (c *modelCall) do(ctx context.Context) (reply chat.Reply, used Model, fellBack bool, err error) {
+	r := c.r
+	first := r.w.models.Next(r.lowPrec)
+	if err := c.reserve(ctx, first.Name); err != nil {
+		return chat.Reply{}, first, false, err
+	}
+	used, fellBack, err = r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
+		if err := c.prepare(ctx, mdl); err != nil {
+			return err
+		}
+		rep, err := c.attempt(ctx, mdl)
+		if err != nil {
+			return err
+		}
+		reply = rep
+		return nil
+	})
+	return reply, used, fellBack, err
+}
+
+// prepare makes sure the attempt on mdl has its own reservation, priced for
+// mdl. The first attempt has the one do made; the fallback after an open
+// breaker finds a reservation for another model, which it gives back; the
+// fallback after a failed primary finds none (the primary's was settled).
+func (c *modelCall) prepare(ctx context.Context, mdl Model) error {
+	if c.resOpen && c.res.Model == mdl.Name {
+		return nil
+	}
+	c.giveBack(ctx)
+	return c.reserve(ctx, mdl.Name)
+}
+
+// reserve books prompt + max_tokens on model in every budget scope. When
+// the budget cannot afford that, a closing call (no tools) may still go
+// ahead with a smaller max_tokens that fits what a token scope has left, so
+// a run ends with what it has. (A spend refusal is in micro-units, which
+// say nothing about tokens.)
+func (c *modelCall) reserve(ctx context.Context, model string) error {
+	r := c.r
+	c.prompt = r.w.estimate(model, r.msgs, c.defs)
+	c.maxTokens = int64(r.w.cfg.MaxTokens)
+	req := budget.Request{Day: r.rec.Day, Principal: r.rec.Principal, Task: r.rec.ID, Model: model,
+		PrincipalLimit: r.rec.Limits.TokensPerDay, PromptTokens: c.prompt, MaxTokens: c.maxTokens}
+	if r.rec.Limits.TierTokens > 0 {
+		req.Tier, req.TierLimit = r.rec.Tier, r.rec.Limits.TierTokens
+	}
 	res, err := r.w.budget.Reserve(ctx, req)
 	var ex *budget.ExhaustedError
-	if errors.As(err, &ex) && !offerTools && ex.Remaining-prompt >= minClosingTokens {
-		*maxTokens = ex.Remaining - prompt
-		req.Amount = ex.Remaining
+	if errors.As(err, &ex) && c.closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= minClosingTokens {
+		c.maxTokens = ex.Remaining - c.prompt
+		req.MaxTokens = c.maxTokens
 		res, err = r.w.budget.Reserve(ctx, req)
 	}
 	switch {
 	case err == nil:
-		return res, nil
+		c.res, c.resOpen = res, true
+		return nil
 	case errors.Is(err, budget.ErrExhausted):
-		return res, fmt.Errorf("%w: %v", errBudgetRefused, err)
+		return fmt.Errorf("%w: %w", errBudgetRefused, err)
 	}
+	r.lg.Warn("budget reserve failed", "err", err)
 	// The budget store failing is not the model's fault, and spending
 	// without a reservation is not allowed: fail closed.
-	return res, &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
+	return &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
 }
 
-// minClosingTokens is the smallest completion worth asking for a final answer.
-const minClosingTokens = 256
+// settle ends reservation res with what was used and returns the settlement
+// (zero when the settle failed: the reservation then expires on its own).
+func (c *modelCall) settle(ctx context.Context, res budget.Reservation, prompt, completion int64) budget.Settlement {
+	s, err := c.r.w.budget.Settle(context.WithoutCancel(ctx), res, prompt, completion)
+	if err != nil {
+		c.r.lg.Warn("budget settle failed", "err", err)
+	}
+	return s
+}
+
+// giveBack settles a reservation no attempt used with nothing.
+func (c *modelCall) giveBack(ctx context.Context) {
+	if c.resOpen {
+		c.resOpen = false
+		c.settle(ctx, c.res, 0, 0)
+	}
+}
+
+// release gives back whatever the call booked and no attempt used: a
+// budget reservation left by a call the breaker refused outright, or by an
+// attempt that never began.
+func (c *modelCall) release(ctx context.Context) {
+	c.giveBack(ctx)
+}
 
 // outputCap holds a call's streamed output to what its reservation covers.
 // It counts as it goes (time linear in the output, however it is chunked),
@@ -153,13 +215,16 @@ func (c *outputCap) take(piece string, keep bool) bool {
 	return false
 }
 
-// attempt is one call on one model under reservation res, which it settles.
-func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, prompt, maxTokens int64, defs []chat.ToolDef) (chat.Reply, error) {
-	reserved := res.Amount
+// attempt is one call on model mdl under the call's open reservation,
+// which it settles, and records in the ledger.
+func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) {
+	r := c.r
+	res, prompt := c.res, c.prompt
+	c.resOpen = false
 
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	out := &outputCap{limit: reserved - prompt}
+	out := &outputCap{limit: res.Tokens - prompt}
 	var cut string
 	stop := func(why string) error {
 		cut = why
@@ -167,24 +232,24 @@ func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, pr
 		return errCut
 	}
 	detector := repetition.New(0, 0, r.w.cfg.LoopThreshold)
-	stream := func(c chat.Chunk) error {
-		if c.ToolCall != "" && !out.take(c.ToolCall, false) {
+	stream := func(ch chat.Chunk) error {
+		if ch.ToolCall != "" && !out.take(ch.ToolCall, false) {
 			return stop(task.WarnOutputTruncated)
 		}
-		if c.Text == "" {
+		if ch.Text == "" {
 			return nil
 		}
-		if !out.take(c.Text, true) {
+		if !out.take(ch.Text, true) {
 			return stop(task.WarnOutputTruncated)
 		}
 		// Only text is checked for loops: tool-call arguments repeat
 		// their own framing by nature.
-		if detector.Write([]byte(c.Text)) {
+		if detector.Write([]byte(ch.Text)) {
 			return stop(task.WarnOutputLoop)
 		}
 		return nil
 	}
-	turn := chat.Turn{Messages: r.msgs, Tools: defs, MaxTokens: int(maxTokens), Stream: stream, Request: &r.rec.Request}
+	turn := chat.Turn{Messages: r.msgs, Tools: c.defs, MaxTokens: int(c.maxTokens), Stream: stream, Request: &r.rec.Request}
 	start := time.Now()
 	reply, err := mdl.Generate(callCtx, turn)
 	latency := time.Since(start)
@@ -205,27 +270,27 @@ func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, pr
 	// Settle with what the provider reported, else what we counted (a
 	// failed or cut call is charged what it streamed).
 	promptUsed, completion := prompt, out.count.Tokens()
-	if ok && cut == "" {
-		if reply.Usage.Reported {
-			promptUsed, completion = reply.Usage.PromptTokens, reply.Usage.CompletionTokens
-		} else if completion == 0 {
-			completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
-		}
+	reported := ok && cut == "" && reply.Usage.Reported
+	switch {
+	case reported:
+		promptUsed, completion = reply.Usage.PromptTokens, reply.Usage.CompletionTokens
+	case ok && cut == "" && completion == 0:
+		completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
 	}
-	charged, serr := r.w.budget.Settle(context.WithoutCancel(ctx), res, promptUsed+completion)
-	if serr != nil {
-		r.lg.Warn("budget settle failed", "err", serr)
-	}
+	s := c.settle(ctx, res, promptUsed, completion)
 	r.rec.Usage.PromptTokens += promptUsed
 	r.rec.Usage.CompletionTokens += completion
 	if r.w.ledger != nil {
-		entry := budget.Entry{Task: r.rec.ID, Model: mdl.Name, PromptTokens: promptUsed, CompletionTokens: completion,
-			Reserved: reserved, LatencyMS: latency.Milliseconds(), Outcome: outcome}
+		entry := budget.Entry{Task: r.rec.ID, Model: mdl.Name, Principal: r.rec.Principal, RequestID: r.rec.RequestID,
+			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
+			CostMicro: s.CostMicro, OverageTokens: s.OverageTokens, OverageCostMicro: s.OverageCostMicro,
+			Outcome: outcome, Estimated: !reported}
 		if lerr := r.w.ledger.Append(context.WithoutCancel(ctx), entry); lerr != nil {
 			r.lg.Warn("usage ledger append failed", "err", lerr)
 		}
 	}
-	r.lg.Debug("model call", "model", mdl.Name, "outcome", outcome, "reserved", reserved, "charged", charged, "latency_ms", latency.Milliseconds())
+	r.lg.Debug("model call", "model", mdl.Name, "outcome", outcome, "reserved", res.Tokens,
+		"charged", s.Tokens, "cost_micro", s.CostMicro, "latency_ms", latency.Milliseconds())
 	if !ok {
 		if ctx.Err() != nil {
 			return chat.Reply{}, ctx.Err()
