@@ -262,6 +262,39 @@ type rig struct {
 	ledger *fakeLedger
 	tools  []tools.Tool
 	events []task.Event
+	alerts alertLog
+}
+
+// alertLog records the alerts a run raised.
+type alertLog struct {
+	mu  sync.Mutex
+	all []Alert
+}
+
+func (l *alertLog) add(a Alert) {
+	l.mu.Lock()
+	l.all = append(l.all, a)
+	l.mu.Unlock()
+}
+
+// Of returns the alerts of event, in order.
+func (l *alertLog) Of(event string) []Alert {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Alert
+	for _, a := range l.all {
+		if a.Event == event {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// All returns every alert, in order.
+func (l *alertLog) All() []Alert {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all)
 }
 
 // newRig returns a rig whose primary model is m, with a generous budget and
@@ -287,6 +320,7 @@ func (r *rig) deps() Deps {
 		Budget: r.budget,
 		Ledger: r.ledger,
 		Tools:  func(*task.Record, func(code, detail string)) []tools.Tool { return r.tools },
+		Alert:  r.alerts.add,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }

@@ -63,6 +63,9 @@ type Deps struct {
 	// Ledger, when set, records every model call that reached a model.
 	Ledger Ledger
 	Tools  Toolbox
+	// Alert, when set, receives the alerts a run raises (overage,
+	// budget_warning, budget_exhausted, anomaly).
+	Alert func(Alert)
 	// Logger defaults to one that discards.
 	Logger *slog.Logger
 	// Estimate counts a call's prompt tokens for the model it goes to;
@@ -80,6 +83,7 @@ type Workflow struct {
 	budget   Budget
 	ledger   Ledger
 	tools    Toolbox
+	alert    func(Alert)
 	lg       *slog.Logger
 	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
 }
@@ -87,7 +91,7 @@ type Workflow struct {
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
 func NewWorkflow(cfg Config, d Deps) *Workflow {
 	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
-		lg: d.Logger, estimate: d.Estimate}
+		alert: d.Alert, lg: d.Logger, estimate: d.Estimate}
 	if w.lg == nil {
 		w.lg = slog.New(slog.DiscardHandler)
 	}

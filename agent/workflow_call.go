@@ -136,13 +136,20 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 	}
 	res, err := r.w.budget.Reserve(ctx, req)
 	var ex *budget.ExhaustedError
-	if errors.As(err, &ex) && c.closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= minClosingTokens {
-		c.maxTokens = ex.Remaining - c.prompt
-		req.MaxTokens = c.maxTokens
-		res, err = r.w.budget.Reserve(ctx, req)
+	if errors.As(err, &ex) {
+		r.alertExhausted(ex, req)
+		if c.closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= minClosingTokens {
+			c.maxTokens = ex.Remaining - c.prompt
+			req.MaxTokens = c.maxTokens
+			res, err = r.w.budget.Reserve(ctx, req)
+			if errors.As(err, &ex) {
+				r.alertExhausted(ex, req)
+			}
+		}
 	}
 	switch {
 	case err == nil:
+		r.alertWarnings(res.Warnings)
 		c.res, c.resOpen = res, true
 		return nil
 	case errors.Is(err, budget.ErrExhausted):
@@ -154,13 +161,17 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 	return &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
 }
 
-// settle ends reservation res with what was used and returns the settlement
-// (zero when the settle failed: the reservation then expires on its own).
+// settle ends reservation res with what was used, charged in full (the
+// excess as overage), and returns the settlement: zero when the settle
+// failed, and the reservation then expires on its own.
 func (c *modelCall) settle(ctx context.Context, res budget.Reservation, prompt, completion int64) budget.Settlement {
 	s, err := c.r.w.budget.Settle(context.WithoutCancel(ctx), res, prompt, completion)
 	if err != nil {
 		c.r.lg.Warn("budget settle failed", "err", err)
+		return budget.Settlement{}
 	}
+	c.r.alertWarnings(s.Warnings)
+	c.r.alertOverage(res, s)
 	return s
 }
 
