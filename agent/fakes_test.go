@@ -15,6 +15,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
 )
 
 // Fakes in the style of wtf's mock package: each behaviour is a function
@@ -146,6 +147,97 @@ func (l *fakeLedger) Entries() []budget.Entry {
 	return slices.Clone(l.entries)
 }
 
+// fakeLimiter is the workflow's Limiter. By default every call is taken
+// and AfterCall reports the overage.
+type fakeLimiter struct {
+	BeforeCallFn func(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
+	AfterCallFn  func(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error)
+
+	mu     sync.Mutex
+	before []ratelimit.CallRequest
+	after  []afterCall
+}
+
+// afterCall is one AfterCall.
+type afterCall struct {
+	Scope                 string
+	TPM, Reserved, Actual int64
+	Op                    string
+}
+
+func (l *fakeLimiter) BeforeCall(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error) {
+	l.mu.Lock()
+	l.before = append(l.before, r)
+	l.mu.Unlock()
+	if l.BeforeCallFn != nil {
+		return l.BeforeCallFn(ctx, r)
+	}
+	return ratelimit.CallDecision{Taken: true}, nil
+}
+
+func (l *fakeLimiter) AfterCall(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error) {
+	l.mu.Lock()
+	l.after = append(l.after, afterCall{scope, tpm, reserved, actual, op})
+	l.mu.Unlock()
+	if l.AfterCallFn != nil {
+		return l.AfterCallFn(ctx, scope, tpm, reserved, actual, op)
+	}
+	return max(actual-reserved, 0), nil
+}
+
+func (l *fakeLimiter) Before() []ratelimit.CallRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.before)
+}
+
+func (l *fakeLimiter) After() []afterCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.after)
+}
+
+// emaSpikes is a BeforeCallFn with the limiter's input spike rule in
+// memory: an EMA (α 0.3) of the prompts of calls that proceed; after 5
+// samples a prompt over 10× the EMA is an anomaly.
+func emaSpikes() func(context.Context, ratelimit.CallRequest) (ratelimit.CallDecision, error) {
+	var ema float64
+	var n, anomalies int64
+	return func(_ context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error) {
+		p := float64(r.PromptTokens)
+		if n >= 5 && p > 10*ema {
+			anomalies++
+			return ratelimit.CallDecision{Anomaly: true, AnomaliesInHour: anomalies, EMA: ema, Samples: n}, nil
+		}
+		if n == 0 {
+			ema = p
+		} else {
+			ema = 0.3*p + 0.7*ema
+		}
+		n++
+		return ratelimit.CallDecision{Taken: true, EMA: ema, Samples: n}, nil
+	}
+}
+
+// sleepLog is a Deps.Sleep that returns at once and records each wait.
+type sleepLog struct {
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (s *sleepLog) Sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.waits = append(s.waits, d)
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+func (s *sleepLog) Waits() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.waits)
+}
+
 // fakeTool is a tools.Tool.
 type fakeTool struct {
 	name   string
@@ -263,6 +355,9 @@ type rig struct {
 	tools  []tools.Tool
 	events []task.Event
 	alerts alertLog
+	// limiter and sleeps are used when set.
+	limiter *fakeLimiter
+	sleeps  *sleepLog
 }
 
 // alertLog records the alerts a run raised.
@@ -315,7 +410,7 @@ func (r *rig) workflow() *Workflow {
 
 // deps are the rig's fakes as a workflow's Deps.
 func (r *rig) deps() Deps {
-	return Deps{
+	d := Deps{
 		Models: r.models,
 		Budget: r.budget,
 		Ledger: r.ledger,
@@ -323,6 +418,13 @@ func (r *rig) deps() Deps {
 		Alert:  r.alerts.add,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	if r.limiter != nil {
+		d.Limiter = r.limiter
+	}
+	if r.sleeps != nil {
+		d.Sleep = r.sleeps.Sleep
+	}
+	return d
 }
 
 // visitor is a visitor's principal id: "v_" and an HMAC's 64 hex digits.

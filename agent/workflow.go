@@ -19,6 +19,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
 )
 
 // Config bounds a run. Each bound ends the run cleanly: the model is asked
@@ -36,7 +37,15 @@ type Config struct {
 	MaxTokens int
 	// LoopThreshold is the repetition detector's share of repeated n-grams.
 	LoopThreshold float64
+	// TokenWait bounds how long one model call waits, in all, for its
+	// principal's tokens-per-minute bucket (FAREGATE_TOKEN_WAIT); past it
+	// the task ends with token_rate_limited. Zero takes DefaultTokenWait.
+	TokenWait time.Duration
 }
+
+// DefaultTokenWait is Config.TokenWait's default: long enough to ride out
+// a burst, short enough that a visitor is told rather than left waiting.
+const DefaultTokenWait = 20 * time.Second
 
 // Budget reserves tokens and money before a model call and settles after
 // it (*budget.Budget).
@@ -51,6 +60,14 @@ type Ledger interface {
 	Append(ctx context.Context, e budget.Entry) error
 }
 
+// Limiter is the part of the rate limiter (*ratelimit.Limiter) a model
+// call needs: the principal's input spike check and tokens-per-minute
+// bucket before the call, and the bucket's settlement after it.
+type Limiter interface {
+	BeforeCall(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
+	AfterCall(ctx context.Context, scope string, tokensPerMinute, reserved, actual int64, op string) (overage int64, err error)
+}
+
 // Toolbox builds the tools of one task. warn receives warnings raised below
 // the tools (the outbound transport's downstream pushback).
 type Toolbox func(rec *task.Record, warn func(code, detail string)) []tools.Tool
@@ -63,6 +80,12 @@ type Deps struct {
 	// Ledger, when set, records every model call that reached a model.
 	Ledger Ledger
 	Tools  Toolbox
+	// Limiter, when set, checks every model call for an input spike and
+	// takes its tokens from the principal's bucket.
+	Limiter Limiter
+	// Sleep waits d or until ctx ends (then it returns ctx.Err()): the
+	// waits for a token bucket. Default: a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
 	// Alert, when set, receives the alerts a run raises (overage,
 	// budget_warning, budget_exhausted, anomaly).
 	Alert func(Alert)
@@ -83,6 +106,8 @@ type Workflow struct {
 	budget   Budget
 	ledger   Ledger
 	tools    Toolbox
+	limiter  Limiter
+	sleep    func(ctx context.Context, d time.Duration) error
 	alert    func(Alert)
 	lg       *slog.Logger
 	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
@@ -91,9 +116,15 @@ type Workflow struct {
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
 func NewWorkflow(cfg Config, d Deps) *Workflow {
 	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
-		alert: d.Alert, lg: d.Logger, estimate: d.Estimate}
+		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate}
 	if w.lg == nil {
 		w.lg = slog.New(slog.DiscardHandler)
+	}
+	if w.cfg.TokenWait <= 0 {
+		w.cfg.TokenWait = DefaultTokenWait
+	}
+	if w.sleep == nil {
+		w.sleep = sleep
 	}
 	if w.estimate == nil {
 		w.estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
@@ -101,6 +132,18 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 		}
 	}
 	return w
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Models returns the workflow's model router (for health and config).

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
 )
 
 // Alert is an event an operator should hear about, raised by a run as it
@@ -157,4 +159,19 @@ func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
 		Details: map[string]any{"model": res.Model, "reserved_tokens": res.Tokens, "reserved_cost_micro": res.CostMicro,
 			"used_tokens": s.Tokens, "used_cost_micro": s.CostMicro,
 			"overage_tokens": s.OverageTokens, "overage_cost_micro": s.OverageCostMicro, "late": s.Late}})
+}
+
+// alertSpike raises anomaly for an input spike: a call whose prompt was
+// over 10× the principal's average, which was not made.
+func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
+	who := shownPrincipal(r.rec.Principal)
+	details := map[string]any{"kind": "input_spike", "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
+		"anomalies_in_hour": d.AnomaliesInHour}
+	if d.BlockedFor > 0 {
+		details["blocked_for_seconds"] = int64(math.Ceil(d.BlockedFor.Seconds()))
+	}
+	r.alert(Alert{Event: AlertAnomaly, Scope: "principal:" + who, Severity: SeverityWarning,
+		Text: fmt.Sprintf("input spike from %s: a prompt of %d tokens against an average of %.0f; the call was not made (%d in the last hour)",
+			who, prompt, d.EMA, d.AnomaliesInHour),
+		Details: details})
 }

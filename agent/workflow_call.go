@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
 	"faregate/protect/repetition"
 )
 
@@ -39,6 +41,20 @@ type modelCall struct {
 	// attempt settles it or release gives it back.
 	res     budget.Reservation
 	resOpen bool
+
+	// take is what the principal's bucket gave the call (nil: nothing, or
+	// no limiter); charged is what the call's attempts were charged, which
+	// release settles the take with.
+	take    *bucketTake
+	charged int64
+	// waited is how long the call waited for tokens.
+	waited time.Duration
+}
+
+// bucketTake is one BeforeCall that took tokens: its op id and amount.
+type bucketTake struct {
+	op     string
+	amount int64
 }
 
 // call makes one model call: reserve, stream with cut-offs, settle, record.
@@ -74,6 +90,9 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 	}
 	r.lastModel = used
 	detail := used.Name
+	if c.waited > 0 {
+		detail += fmt.Sprintf(" (waited %v for tokens)", c.waited.Round(time.Millisecond))
+	}
 	if len(reply.ToolCalls) > 0 {
 		names := make([]string, 0, len(reply.ToolCalls))
 		for _, tc := range reply.ToolCalls {
@@ -85,12 +104,17 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 	return reply, nil
 }
 
-// do books the call for the model Do tries first and makes it. The
-// reservation comes before the breaker sees the call: a budget refusal is
-// not a provider failure and must never count towards opening it.
+// do books the call for the model Do tries first and makes it: the
+// principal's tokens per minute (and the input spike check), then the
+// budget. Both come before the breaker sees the call: a refusal is not a
+// provider failure and must never count towards opening it.
 func (c *modelCall) do(ctx context.Context) (reply chat.Reply, used Model, fellBack bool, err error) {
 	r := c.r
 	first := r.w.models.Next(r.lowPrec)
+	c.plan(first.Name)
+	if err := c.takeTokens(ctx); err != nil {
+		return chat.Reply{}, first, false, err
+	}
 	if err := c.reserve(ctx, first.Name); err != nil {
 		return chat.Reply{}, first, false, err
 	}
@@ -117,7 +141,57 @@ func (c *modelCall) prepare(ctx context.Context, mdl Model) error {
 		return nil
 	}
 	c.giveBack(ctx)
+	c.plan(mdl.Name)
 	return c.reserve(ctx, mdl.Name)
+}
+
+// plan sizes an attempt on model: its prompt as that model counts it, and
+// the full completion limit.
+func (c *modelCall) plan(model string) {
+	c.prompt = c.r.w.estimate(model, c.r.msgs, c.defs)
+	c.maxTokens = int64(c.r.w.cfg.MaxTokens)
+}
+
+// takeTokens asks the limiter whether the call may go ahead: an input
+// spike ends the task (the call is not made); a bucket short of prompt +
+// max_tokens is waited for, within Config.TokenWait in all, asking again
+// with a new op id each time.
+func (c *modelCall) takeTokens(ctx context.Context) error {
+	r := c.r
+	if r.w.limiter == nil {
+		return nil
+	}
+	amount := c.prompt + c.maxTokens
+	for {
+		op := rand.Text()
+		d, err := r.w.limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(r.rec.Principal),
+			PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: r.rec.Limits.TokensPerMinute, Op: op})
+		switch {
+		case errors.Is(err, ratelimit.ErrTooLarge):
+			return &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
+		case err != nil:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r.lg.Warn("token rate check failed", "err", err)
+			return &failure{task.CodeAgentFailed, "the token rate could not be checked; please try again later"}
+		case d.Anomaly:
+			r.alertSpike(c.prompt, d)
+			return &failure{task.CodeInputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
+		case d.Taken:
+			c.take = &bucketTake{op: op, amount: amount}
+			return nil
+		}
+		// The script answers an exact time; a zero one would spin.
+		wait := max(d.RetryAfter, time.Millisecond)
+		if c.waited+wait > r.w.cfg.TokenWait {
+			return &failure{task.CodeTokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
+		}
+		if err := r.w.sleep(ctx, wait); err != nil {
+			return err
+		}
+		c.waited += wait
+	}
 }
 
 // reserve books prompt + max_tokens on model in every budget scope. When
@@ -127,8 +201,6 @@ func (c *modelCall) prepare(ctx context.Context, mdl Model) error {
 // say nothing about tokens.)
 func (c *modelCall) reserve(ctx context.Context, model string) error {
 	r := c.r
-	c.prompt = r.w.estimate(model, r.msgs, c.defs)
-	c.maxTokens = int64(r.w.cfg.MaxTokens)
 	req := budget.Request{Day: r.rec.Day, Principal: r.rec.Principal, Task: r.rec.ID, Model: model,
 		PrincipalLimit: r.rec.Limits.TokensPerDay, PromptTokens: c.prompt, MaxTokens: c.maxTokens}
 	if r.rec.Limits.TierTokens > 0 {
@@ -185,9 +257,21 @@ func (c *modelCall) giveBack(ctx context.Context) {
 
 // release gives back whatever the call booked and no attempt used: a
 // budget reservation left by a call the breaker refused outright, or by an
-// attempt that never began.
+// attempt that never began; and it settles the principal's bucket with
+// what the attempts were charged (all of the take back when nothing
+// reached a model, the excess recorded as overage when more did).
 func (c *modelCall) release(ctx context.Context) {
 	c.giveBack(ctx)
+	if c.take == nil {
+		return
+	}
+	r := c.r
+	_, err := r.w.limiter.AfterCall(context.WithoutCancel(ctx), principalScope(r.rec.Principal),
+		r.rec.Limits.TokensPerMinute, c.take.amount, c.charged, c.take.op)
+	if err != nil {
+		r.lg.Warn("token bucket settle failed", "err", err)
+	}
+	c.take = nil
 }
 
 // outputCap holds a call's streamed output to what its reservation covers.
@@ -289,6 +373,7 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 		completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
 	}
 	s := c.settle(ctx, res, promptUsed, completion)
+	c.charged += promptUsed + completion
 	r.rec.Usage.PromptTokens += promptUsed
 	r.rec.Usage.CompletionTokens += completion
 	if r.w.ledger != nil {
