@@ -147,15 +147,54 @@ func (l *fakeLedger) Entries() []budget.Entry {
 	return slices.Clone(l.entries)
 }
 
-// fakeLimiter is the workflow's Limiter. By default every call is taken
-// and AfterCall reports the overage.
+// fakeLimiter is the workflow's Limiter. By default every call is taken,
+// every turn is now, and AfterCall reports the overage.
 type fakeLimiter struct {
 	BeforeCallFn func(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
 	AfterCallFn  func(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error)
+	PaceFn       func(ctx context.Context, scope string, rate, amount int64, maxWait time.Duration, op string) (time.Duration, error)
 
 	mu     sync.Mutex
 	before []ratelimit.CallRequest
 	after  []afterCall
+	paces  []paceCall
+}
+
+// paceCall is one Pace.
+type paceCall struct {
+	Scope        string
+	Rate, Amount int64
+	MaxWait      time.Duration
+	Op           string
+}
+
+func (l *fakeLimiter) Pace(ctx context.Context, scope string, rate, amount int64, maxWait time.Duration, op string) (time.Duration, error) {
+	l.mu.Lock()
+	l.paces = append(l.paces, paceCall{scope, rate, amount, maxWait, op})
+	l.mu.Unlock()
+	if l.PaceFn != nil {
+		return l.PaceFn(ctx, scope, rate, amount, maxWait, op)
+	}
+	return 0, nil
+}
+
+func (l *fakeLimiter) Paces() []paceCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.paces)
+}
+
+// AfterOf returns the AfterCalls of scope.
+func (l *fakeLimiter) AfterOf(scope string) []afterCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []afterCall
+	for _, a := range l.after {
+		if a.Scope == scope {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // afterCall is one AfterCall.

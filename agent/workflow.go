@@ -41,11 +41,24 @@ type Config struct {
 	// principal's tokens-per-minute bucket (FAREGATE_TOKEN_WAIT); past it
 	// the task ends with token_rate_limited. Zero takes DefaultTokenWait.
 	TokenWait time.Duration
+	// SiteTokensPerMinute is the site-wide token bucket's rate, sized to
+	// the provider's tokens-per-minute limit
+	// (FAREGATE_SITE_TOKENS_PER_MINUTE): every model call of every lane
+	// and replica waits its turn for it instead of meeting the provider's
+	// 429. 0 turns pacing off.
+	SiteTokensPerMinute int64
+	// SitePaceWait bounds the wait for a turn at the site bucket; a call
+	// whose turn is further away ends the task with token_rate_limited.
+	// Zero takes DefaultSitePaceWait; at most ratelimit.MaxPaceWait.
+	SitePaceWait time.Duration
 }
 
 // DefaultTokenWait is Config.TokenWait's default: long enough to ride out
 // a burst, short enough that a visitor is told rather than left waiting.
 const DefaultTokenWait = 20 * time.Second
+
+// DefaultSitePaceWait is Config.SitePaceWait's default.
+const DefaultSitePaceWait = 30 * time.Second
 
 // Budget reserves tokens and money before a model call and settles after
 // it (*budget.Budget).
@@ -62,10 +75,12 @@ type Ledger interface {
 
 // Limiter is the part of the rate limiter (*ratelimit.Limiter) a model
 // call needs: the principal's input spike check and tokens-per-minute
-// bucket before the call, and the bucket's settlement after it.
+// bucket before the call, the site bucket's turn right before the provider
+// is called, and both buckets' settlement after it.
 type Limiter interface {
 	BeforeCall(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
 	AfterCall(ctx context.Context, scope string, tokensPerMinute, reserved, actual int64, op string) (overage int64, err error)
+	Pace(ctx context.Context, scope string, ratePerMin, amount int64, maxWait time.Duration, op string) (wait time.Duration, err error)
 }
 
 // Toolbox builds the tools of one task. warn receives warnings raised below
@@ -80,11 +95,12 @@ type Deps struct {
 	// Ledger, when set, records every model call that reached a model.
 	Ledger Ledger
 	Tools  Toolbox
-	// Limiter, when set, checks every model call for an input spike and
-	// takes its tokens from the principal's bucket.
+	// Limiter, when set, checks every model call for an input spike,
+	// takes its tokens from the principal's bucket and, with
+	// Config.SiteTokensPerMinute, paces it through the site's.
 	Limiter Limiter
 	// Sleep waits d or until ctx ends (then it returns ctx.Err()): the
-	// waits for a token bucket. Default: a timer.
+	// waits for the token buckets. Default: a timer.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Alert, when set, receives the alerts a run raises (overage,
 	// budget_warning, budget_exhausted, anomaly).
@@ -123,6 +139,10 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 	if w.cfg.TokenWait <= 0 {
 		w.cfg.TokenWait = DefaultTokenWait
 	}
+	if w.cfg.SitePaceWait <= 0 {
+		w.cfg.SitePaceWait = DefaultSitePaceWait
+	}
+	w.cfg.SitePaceWait = min(w.cfg.SitePaceWait, ratelimit.MaxPaceWait)
 	if w.sleep == nil {
 		w.sleep = sleep
 	}

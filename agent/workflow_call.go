@@ -47,11 +47,15 @@ type modelCall struct {
 	// release settles the take with.
 	take    *bucketTake
 	charged int64
-	// waited is how long the call waited for tokens.
+	// paced is the next attempt's turn at the site bucket (nil: none
+	// booked, or pacing is off); the attempt settles it.
+	paced *bucketTake
+	// waited is how long the call waited for tokens, in both buckets.
 	waited time.Duration
 }
 
-// bucketTake is one BeforeCall that took tokens: its op id and amount.
+// bucketTake is tokens taken from a bucket (by BeforeCall or Pace): the
+// op id and the amount, for the AfterCall that settles them.
 type bucketTake struct {
 	op     string
 	amount int64
@@ -118,6 +122,11 @@ func (c *modelCall) do(ctx context.Context) (reply chat.Reply, used Model, fellB
 	if err := c.reserve(ctx, first.Name); err != nil {
 		return chat.Reply{}, first, false, err
 	}
+	// The site's turn is waited for here, outside the breaker, so the wait
+	// never makes the call look slow.
+	if err := c.pace(ctx); err != nil {
+		return chat.Reply{}, first, false, err
+	}
 	used, fellBack, err = r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
 		if err := c.prepare(ctx, mdl); err != nil {
 			return err
@@ -133,16 +142,25 @@ func (c *modelCall) do(ctx context.Context) (reply chat.Reply, used Model, fellB
 }
 
 // prepare makes sure the attempt on mdl has its own reservation, priced for
-// mdl. The first attempt has the one do made; the fallback after an open
-// breaker finds a reservation for another model, which it gives back; the
-// fallback after a failed primary finds none (the primary's was settled).
+// mdl, and its turn at the site bucket. The first attempt has what do
+// booked; the fallback after an open breaker finds a reservation for
+// another model, which it gives back, and an unused turn, which it keeps;
+// the fallback after a failed primary finds neither (the primary settled
+// both) and books its own. A fallback never runs under the breaker, so
+// its wait for a turn cannot count as a slow call either.
 func (c *modelCall) prepare(ctx context.Context, mdl Model) error {
 	if c.resOpen && c.res.Model == mdl.Name {
 		return nil
 	}
 	c.giveBack(ctx)
 	c.plan(mdl.Name)
-	return c.reserve(ctx, mdl.Name)
+	if err := c.reserve(ctx, mdl.Name); err != nil {
+		return err
+	}
+	if c.paced == nil {
+		return c.pace(ctx)
+	}
+	return nil
 }
 
 // plan sizes an attempt on model: its prompt as that model counts it, and
@@ -255,23 +273,73 @@ func (c *modelCall) giveBack(ctx context.Context) {
 	}
 }
 
+// pace books the attempt's turn at the site bucket and waits for it. A turn
+// further away than Config.SitePaceWait is refused by the limiter (it
+// books nothing then) and ends the task with token_rate_limited.
+func (c *modelCall) pace(ctx context.Context) error {
+	r := c.r
+	rate := r.w.cfg.SiteTokensPerMinute
+	if r.w.limiter == nil || rate <= 0 {
+		return nil
+	}
+	amount := c.prompt + c.maxTokens
+	op := rand.Text()
+	wait, err := r.w.limiter.Pace(ctx, ratelimit.SiteScope, rate, amount, r.w.cfg.SitePaceWait, op)
+	var tooLong *ratelimit.WaitTooLongError
+	switch {
+	case errors.As(err, &tooLong):
+		return &failure{task.CodeTokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
+	case errors.Is(err, ratelimit.ErrTooLarge):
+		return &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
+	case err != nil:
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.lg.Warn("site token rate check failed", "err", err)
+		return &failure{task.CodeAgentFailed, "the site's token rate could not be checked; please try again later"}
+	}
+	c.paced = &bucketTake{op: op, amount: amount}
+	if wait > 0 {
+		if err := r.w.sleep(ctx, wait); err != nil {
+			return err
+		}
+		c.waited += wait
+	}
+	return nil
+}
+
+// settleBucket settles tokens taken from scope's bucket with what was
+// used: the rest goes back, an excess is recorded as overage.
+func (c *modelCall) settleBucket(ctx context.Context, scope string, rate int64, t *bucketTake, used int64) {
+	if _, err := c.r.w.limiter.AfterCall(context.WithoutCancel(ctx), scope, rate, t.amount, used, t.op); err != nil {
+		c.r.lg.Warn("token bucket settle failed", "scope", bucketName(scope), "err", err)
+	}
+}
+
+// bucketName names a bucket in logs without a visitor's hash.
+func bucketName(scope string) string {
+	if scope == ratelimit.SiteScope {
+		return scope
+	}
+	return "principal"
+}
+
 // release gives back whatever the call booked and no attempt used: a
-// budget reservation left by a call the breaker refused outright, or by an
-// attempt that never began; and it settles the principal's bucket with
-// what the attempts were charged (all of the take back when nothing
-// reached a model, the excess recorded as overage when more did).
+// budget reservation and a site turn left by a call the breaker refused
+// outright, or by an attempt that never began; and it settles the
+// principal's bucket with what the attempts were charged (all of the take
+// back when nothing reached a model, the excess recorded as overage when
+// more did).
 func (c *modelCall) release(ctx context.Context) {
 	c.giveBack(ctx)
-	if c.take == nil {
-		return
+	if c.paced != nil {
+		c.settleBucket(ctx, ratelimit.SiteScope, c.r.w.cfg.SiteTokensPerMinute, c.paced, 0)
+		c.paced = nil
 	}
-	r := c.r
-	_, err := r.w.limiter.AfterCall(context.WithoutCancel(ctx), principalScope(r.rec.Principal),
-		r.rec.Limits.TokensPerMinute, c.take.amount, c.charged, c.take.op)
-	if err != nil {
-		r.lg.Warn("token bucket settle failed", "err", err)
+	if c.take != nil {
+		c.settleBucket(ctx, principalScope(c.r.rec.Principal), c.r.rec.Limits.TokensPerMinute, c.take, c.charged)
+		c.take = nil
 	}
-	c.take = nil
 }
 
 // outputCap holds a call's streamed output to what its reservation covers.
@@ -373,6 +441,10 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 		completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
 	}
 	s := c.settle(ctx, res, promptUsed, completion)
+	if c.paced != nil {
+		c.settleBucket(ctx, ratelimit.SiteScope, r.w.cfg.SiteTokensPerMinute, c.paced, promptUsed+completion)
+		c.paced = nil
+	}
 	c.charged += promptUsed + completion
 	r.rec.Usage.PromptTokens += promptUsed
 	r.rec.Usage.CompletionTokens += completion
