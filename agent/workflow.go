@@ -103,7 +103,8 @@ type Deps struct {
 	// waits for the token buckets. Default: a timer.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Alert, when set, receives the alerts a run raises (overage,
-	// budget_warning, budget_exhausted, anomaly).
+	// budget_warning, budget_exhausted, anomaly), on the run's goroutine:
+	// it must not block.
 	Alert func(Alert)
 	// Logger defaults to one that discards.
 	Logger *slog.Logger
@@ -116,6 +117,14 @@ type Deps struct {
 // owns the loop rather than using a framework's agent executor (langchaingo's
 // aborts on a tool error, does not check the context between steps and
 // drops token usage).
+//
+// Each model call passes, in order: the principal's input spike check and
+// tokens-per-minute bucket (Limiter.BeforeCall), the budget's reservation
+// for the model the call goes to, the site's turn (Limiter.Pace), then the
+// breaker and the provider. None of the checks before the breaker counts
+// towards opening it, and a call refused by any of them spends nothing and
+// leaves no ledger entry. Afterwards the budget, the site's turn and the
+// principal's bucket are settled with what the call used.
 type Workflow struct {
 	cfg      Config
 	models   *Models
