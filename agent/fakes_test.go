@@ -15,6 +15,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
 )
 
 // Fakes in the style of wtf's mock package: each behaviour is a function
@@ -46,53 +47,68 @@ func (m *fakeModel) Turns() []chat.Turn {
 }
 
 // fakeBudget is the workflow's Budget. By default it is an in-memory
-// budget of Left tokens: a reservation takes its amount, a settle gives
-// back what was not used (or takes the excess).
+// budget of Left tokens: a reservation takes its tokens, a settle gives
+// back what was not used (or takes the excess, as overage). Prices, when
+// set, give each model a cost per token in micro-units.
 type fakeBudget struct {
 	ReserveFn func(ctx context.Context, req budget.Request) (budget.Reservation, error)
-	SettleFn  func(ctx context.Context, r budget.Reservation, actual int64) (int64, error)
+	SettleFn  func(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
 
 	mu       sync.Mutex
 	Left     int64
+	Prices   map[string]int64
 	reserved []budget.Request
 	settled  []settlement
 }
 
 // settlement is one Settle call.
 type settlement struct {
-	Reservation budget.Reservation
-	Actual      int64
+	Reservation        budget.Reservation
+	Prompt, Completion int64
 }
+
+// Actual is the tokens the settle charged.
+func (s settlement) Actual() int64 { return s.Prompt + s.Completion }
 
 func newBudget(left int64) *fakeBudget { return &fakeBudget{Left: left} }
 
 func (b *fakeBudget) Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error) {
 	b.mu.Lock()
 	b.reserved = append(b.reserved, req)
+	n := len(b.reserved)
 	b.mu.Unlock()
 	if b.ReserveFn != nil {
 		return b.ReserveFn(ctx, req)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if req.Amount > b.Left {
+	tokens := req.PromptTokens + req.MaxTokens
+	if tokens > b.Left {
 		return budget.Reservation{}, &budget.ExhaustedError{Scope: budget.ScopeTask, Remaining: b.Left}
 	}
-	b.Left -= req.Amount
-	return budget.Reservation{ID: fmt.Sprintf("r%d", len(b.reserved)), Day: req.Day, Visitor: req.Visitor, Task: req.Task, Amount: req.Amount}, nil
+	b.Left -= tokens
+	return budget.Reservation{ID: fmt.Sprintf("r%d", n), Day: req.Day, Principal: req.Principal, Tier: req.Tier,
+		Task: req.Task, Model: req.Model, PrincipalLimit: req.PrincipalLimit, TierLimit: req.TierLimit,
+		Tokens: tokens, CostMicro: tokens * b.Prices[req.Model]}, nil
 }
 
-func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, actual int64) (int64, error) {
+func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error) {
 	b.mu.Lock()
-	b.settled = append(b.settled, settlement{r, actual})
+	b.settled = append(b.settled, settlement{r, prompt, completion})
 	b.mu.Unlock()
 	if b.SettleFn != nil {
-		return b.SettleFn(ctx, r, actual)
+		return b.SettleFn(ctx, r, prompt, completion)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.Left += r.Amount - actual
-	return actual, nil
+	used := prompt + completion
+	b.Left += r.Tokens - used
+	s := budget.Settlement{Tokens: used, CostMicro: used * b.Prices[r.Model]}
+	if used > r.Tokens {
+		s.OverageTokens = used - r.Tokens
+		s.OverageCostMicro = s.OverageTokens * b.Prices[r.Model]
+	}
+	return s, nil
 }
 
 func (b *fakeBudget) Settled() []settlement {
@@ -129,6 +145,136 @@ func (l *fakeLedger) Entries() []budget.Entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.entries)
+}
+
+// fakeLimiter is the workflow's Limiter. By default every call is taken,
+// every turn is now, and AfterCall reports the overage.
+type fakeLimiter struct {
+	BeforeCallFn func(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
+	AfterCallFn  func(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error)
+	PaceFn       func(ctx context.Context, scope string, rate, amount int64, maxWait time.Duration, op string) (time.Duration, error)
+
+	mu     sync.Mutex
+	before []ratelimit.CallRequest
+	after  []afterCall
+	paces  []paceCall
+}
+
+// paceCall is one Pace.
+type paceCall struct {
+	Scope        string
+	Rate, Amount int64
+	MaxWait      time.Duration
+	Op           string
+}
+
+func (l *fakeLimiter) Pace(ctx context.Context, scope string, rate, amount int64, maxWait time.Duration, op string) (time.Duration, error) {
+	l.mu.Lock()
+	l.paces = append(l.paces, paceCall{scope, rate, amount, maxWait, op})
+	l.mu.Unlock()
+	if l.PaceFn != nil {
+		return l.PaceFn(ctx, scope, rate, amount, maxWait, op)
+	}
+	return 0, nil
+}
+
+func (l *fakeLimiter) Paces() []paceCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.paces)
+}
+
+// AfterOf returns the AfterCalls of scope.
+func (l *fakeLimiter) AfterOf(scope string) []afterCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []afterCall
+	for _, a := range l.after {
+		if a.Scope == scope {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// afterCall is one AfterCall.
+type afterCall struct {
+	Scope                 string
+	TPM, Reserved, Actual int64
+	Op                    string
+}
+
+func (l *fakeLimiter) BeforeCall(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error) {
+	l.mu.Lock()
+	l.before = append(l.before, r)
+	l.mu.Unlock()
+	if l.BeforeCallFn != nil {
+		return l.BeforeCallFn(ctx, r)
+	}
+	return ratelimit.CallDecision{Taken: true}, nil
+}
+
+func (l *fakeLimiter) AfterCall(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error) {
+	l.mu.Lock()
+	l.after = append(l.after, afterCall{scope, tpm, reserved, actual, op})
+	l.mu.Unlock()
+	if l.AfterCallFn != nil {
+		return l.AfterCallFn(ctx, scope, tpm, reserved, actual, op)
+	}
+	return max(actual-reserved, 0), nil
+}
+
+func (l *fakeLimiter) Before() []ratelimit.CallRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.before)
+}
+
+func (l *fakeLimiter) After() []afterCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.after)
+}
+
+// emaSpikes is a BeforeCallFn with the limiter's input spike rule in
+// memory: an EMA (α 0.3) of the prompts of calls that proceed; after 5
+// samples a prompt over 10× the EMA is an anomaly.
+func emaSpikes() func(context.Context, ratelimit.CallRequest) (ratelimit.CallDecision, error) {
+	var ema float64
+	var n, anomalies int64
+	return func(_ context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error) {
+		p := float64(r.PromptTokens)
+		if n >= 5 && p > 10*ema {
+			anomalies++
+			return ratelimit.CallDecision{Anomaly: true, AnomaliesInHour: anomalies, EMA: ema, Samples: n}, nil
+		}
+		if n == 0 {
+			ema = p
+		} else {
+			ema = 0.3*p + 0.7*ema
+		}
+		n++
+		return ratelimit.CallDecision{Taken: true, EMA: ema, Samples: n}, nil
+	}
+}
+
+// sleepLog is a Deps.Sleep that returns at once and records each wait.
+type sleepLog struct {
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (s *sleepLog) Sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.waits = append(s.waits, d)
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+func (s *sleepLog) Waits() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.waits)
 }
 
 // fakeTool is a tools.Tool.
@@ -247,6 +393,42 @@ type rig struct {
 	ledger *fakeLedger
 	tools  []tools.Tool
 	events []task.Event
+	alerts alertLog
+	// limiter and sleeps are used when set.
+	limiter *fakeLimiter
+	sleeps  *sleepLog
+}
+
+// alertLog records the alerts a run raised.
+type alertLog struct {
+	mu  sync.Mutex
+	all []Alert
+}
+
+func (l *alertLog) add(a Alert) {
+	l.mu.Lock()
+	l.all = append(l.all, a)
+	l.mu.Unlock()
+}
+
+// Of returns the alerts of event, in order.
+func (l *alertLog) Of(event string) []Alert {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Alert
+	for _, a := range l.all {
+		if a.Event == event {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// All returns every alert, in order.
+func (l *alertLog) All() []Alert {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all)
 }
 
 // newRig returns a rig whose primary model is m, with a generous budget and
@@ -262,14 +444,37 @@ func newRig(m chat.Model, ts ...tools.Tool) *rig {
 }
 
 func (r *rig) workflow() *Workflow {
-	tb := func(*task.Record, func(code, detail string)) []tools.Tool { return r.tools }
-	return NewWorkflow(r.cfg, r.models, r.budget, r.ledger, tb, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return NewWorkflow(r.cfg, r.deps())
 }
 
-// record is a task record as the runner hands it to the workflow.
+// deps are the rig's fakes as a workflow's Deps.
+func (r *rig) deps() Deps {
+	d := Deps{
+		Models: r.models,
+		Budget: r.budget,
+		Ledger: r.ledger,
+		Tools:  func(*task.Record, func(code, detail string)) []tools.Tool { return r.tools },
+		Alert:  r.alerts.add,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if r.limiter != nil {
+		d.Limiter = r.limiter
+	}
+	if r.sleeps != nil {
+		d.Sleep = r.sleeps.Sleep
+	}
+	return d
+}
+
+// visitor is a visitor's principal id: "v_" and an HMAC's 64 hex digits.
+const visitor = "v_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// record is a task record as the runner hands it to the workflow: a
+// visitor of the public tier, with the tier's limits.
 func record(req task.Request) *task.Record {
 	return &task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusRunning, Request: req, Steps: []task.Step{}, Warnings: []string{}},
-		Visitor: "v1", Day: "2026-08-15"}
+		Principal: visitor, Tier: "public", Limits: task.Limits{TokensPerDay: 40000, TokensPerMinute: 6000, TierTokens: 150000},
+		Day: "2026-08-15", RequestID: "req-1"}
 }
 
 // run runs the workflow for req and returns the record and Run's error.

@@ -58,6 +58,18 @@ func (m *Models) Status() string {
 // Offline reports whether runs are planned by the built-in demo planner.
 func (m *Models) Offline() bool { return m.Primary.Offline }
 
+// Next is the model Do tries first for a call: the fallback for a
+// low-precision run that has one, else the primary (whatever the breaker's
+// state: Do asks the breaker, and only a refusal or a failure moves the
+// call on). A caller reserves for it before calling Do, and again inside
+// the call when the model in hand turns out to be another.
+func (m *Models) Next(lowPrecision bool) Model {
+	if lowPrecision && m.Fallback != nil {
+		return *m.Fallback
+	}
+	return m.Primary
+}
+
 // Do runs call on the model this call should use. It reports which model
 // answered and whether that was the fallback. call's error decides the
 // breaker's verdict; a cancelled caller is not the provider's fault (the

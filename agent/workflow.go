@@ -10,19 +10,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"faregate/agent/chat"
-	"faregate/agent/outbound"
 	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/budget"
-	"faregate/protect/repetition"
+	"faregate/protect/ratelimit"
 )
 
 // Config bounds a run. Each bound ends the run cleanly: the model is asked
@@ -40,53 +37,157 @@ type Config struct {
 	MaxTokens int
 	// LoopThreshold is the repetition detector's share of repeated n-grams.
 	LoopThreshold float64
+	// TokenWait bounds how long one model call waits, in all, for its
+	// principal's tokens-per-minute bucket (FAREGATE_TOKEN_WAIT); past it
+	// the task ends with token_rate_limited. Zero takes DefaultTokenWait.
+	TokenWait time.Duration
+	// SiteTokensPerMinute is the site-wide token bucket's rate, sized to
+	// the provider's tokens-per-minute limit
+	// (FAREGATE_SITE_TOKENS_PER_MINUTE): every model call of every lane
+	// and replica waits its turn for it instead of meeting the provider's
+	// 429. 0 turns pacing off.
+	SiteTokensPerMinute int64
+	// SitePaceWait bounds the wait for a turn at the site bucket; a call
+	// whose turn is further away ends the task with token_rate_limited.
+	// Zero takes DefaultSitePaceWait; at most ratelimit.MaxPaceWait.
+	SitePaceWait time.Duration
 }
 
-// Budget reserves tokens before a model call and settles after it.
+// DefaultTokenWait is Config.TokenWait's default: long enough to ride out
+// a burst, short enough that a visitor is told rather than left waiting.
+const DefaultTokenWait = 20 * time.Second
+
+// DefaultSitePaceWait is Config.SitePaceWait's default.
+const DefaultSitePaceWait = 30 * time.Second
+
+// Budget reserves tokens and money before a model call and settles after
+// it (*budget.Budget).
 type Budget interface {
 	Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error)
-	Settle(ctx context.Context, r budget.Reservation, actual int64) (int64, error)
+	Settle(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
 }
 
-// Ledger records one entry per model call.
+// Ledger records one entry per model call that reached a model
+// (*budget.Ledger).
 type Ledger interface {
 	Append(ctx context.Context, e budget.Entry) error
+}
+
+// Limiter is the part of the rate limiter (*ratelimit.Limiter) a model
+// call needs: the principal's input spike check and tokens-per-minute
+// bucket before the call, the site bucket's turn right before the provider
+// is called, and both buckets' settlement after it.
+type Limiter interface {
+	BeforeCall(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
+	AfterCall(ctx context.Context, scope string, tokensPerMinute, reserved, actual int64, op string) (overage int64, err error)
+	Pace(ctx context.Context, scope string, ratePerMin, amount int64, maxWait time.Duration, op string) (wait time.Duration, err error)
 }
 
 // Toolbox builds the tools of one task. warn receives warnings raised below
 // the tools (the outbound transport's downstream pushback).
 type Toolbox func(rec *task.Record, warn func(code, detail string)) []tools.Tool
 
+// Deps are what a Workflow works with. Models, Budget and Tools are
+// required; the rest may be left zero.
+type Deps struct {
+	Models *Models
+	Budget Budget
+	// Ledger, when set, records every model call that reached a model.
+	Ledger Ledger
+	Tools  Toolbox
+	// Limiter, when set, checks every model call for an input spike,
+	// takes its tokens from the principal's bucket and, with
+	// Config.SiteTokensPerMinute, paces it through the site's.
+	Limiter Limiter
+	// Sleep waits d or until ctx ends (then it returns ctx.Err()): the
+	// waits for the token buckets. Default: a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Alert, when set, receives the alerts a run raises (overage,
+	// budget_warning, budget_exhausted, anomaly), on the run's goroutine:
+	// it must not block.
+	Alert func(Alert)
+	// Logger defaults to one that discards.
+	Logger *slog.Logger
+	// Estimate counts a call's prompt tokens for the model it goes to;
+	// default chat.EstimatePrompt, whatever the model.
+	Estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
+}
+
 // Workflow plans trips with a tool-using model loop on a chat.Model. It
 // owns the loop rather than using a framework's agent executor (langchaingo's
 // aborts on a tool error, does not check the context between steps and
 // drops token usage).
+//
+// Each model call passes, in order: the principal's input spike check and
+// tokens-per-minute bucket (Limiter.BeforeCall), the budget's reservation
+// for the model the call goes to, the site's turn (Limiter.Pace), then the
+// breaker and the provider. None of the checks before the breaker counts
+// towards opening it, and a call refused by any of them spends nothing and
+// leaves no ledger entry. Afterwards the budget, the site's turn and the
+// principal's bucket are settled with what the call used.
 type Workflow struct {
-	cfg    Config
-	models *Models
-	budget Budget
-	ledger Ledger
-	tools  Toolbox
-	lg     *slog.Logger
+	cfg      Config
+	models   *Models
+	budget   Budget
+	ledger   Ledger
+	tools    Toolbox
+	limiter  Limiter
+	sleep    func(ctx context.Context, d time.Duration) error
+	alert    func(Alert)
+	lg       *slog.Logger
+	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
 }
 
-// NewWorkflow assembles a workflow. ledger may be nil.
-func NewWorkflow(cfg Config, models *Models, b Budget, ledger Ledger, tb Toolbox, lg *slog.Logger) *Workflow {
-	return &Workflow{cfg: cfg, models: models, budget: b, ledger: ledger, tools: tb, lg: lg}
+// NewWorkflow assembles a workflow from cfg and d, defaults applied.
+func NewWorkflow(cfg Config, d Deps) *Workflow {
+	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
+		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate}
+	if w.lg == nil {
+		w.lg = slog.New(slog.DiscardHandler)
+	}
+	if w.cfg.TokenWait <= 0 {
+		w.cfg.TokenWait = DefaultTokenWait
+	}
+	if w.cfg.SitePaceWait <= 0 {
+		w.cfg.SitePaceWait = DefaultSitePaceWait
+	}
+	w.cfg.SitePaceWait = min(w.cfg.SitePaceWait, ratelimit.MaxPaceWait)
+	if w.sleep == nil {
+		w.sleep = sleep
+	}
+	if w.estimate == nil {
+		w.estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
+			return chat.EstimatePrompt(msgs, tools)
+		}
+	}
+	return w
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Models returns the workflow's model router (for health and config).
 func (w *Workflow) Models() *Models { return w.models }
 
 // MinRunTokens is what one minimal run must be able to afford: the
-// reservation of a first model call for the largest valid request.
+// reservation of a first model call for the largest valid request, on the
+// model a first call goes to.
 func (w *Workflow) MinRunTokens() int64 {
 	req := task.Request{Destination: strings.Repeat("x", 80), Days: 7, Language: task.LangChinese}
 	for i := 0; i < 5; i++ {
 		req.Interests = append(req.Interests, strings.Repeat("x", 32))
 	}
 	defs := tools.Definitions(w.tools(&task.Record{Task: task.Task{Request: req}}, func(string, string) {}))
-	return chat.EstimatePrompt(initialMessages(req), defs) + int64(w.cfg.MaxTokens)
+	return w.estimate(w.models.Next(false).Name, initialMessages(req), defs) + int64(w.cfg.MaxTokens)
 }
 
 func initialMessages(r task.Request) []chat.Message {
@@ -100,13 +201,26 @@ func initialMessages(r task.Request) []chat.Message {
 // and the events to publish with it.
 type Progress func(rec *task.Record, events ...task.Event) error
 
-// failure is a run's terminal error with its task code.
+// failure is a run's terminal error with its task code and a sentence
+// for the visitor.
 type failure struct {
 	code string
 	msg  string
 }
 
 func (f *failure) Error() string { return f.code + ": " + f.msg }
+
+// FailureCode reads the task code and the visitor's message of an error
+// Run returned: agent_failed, model_unavailable, input_spike or
+// token_rate_limited. ok is false for any other error (a context's end, a
+// bug), which the caller maps itself.
+func FailureCode(err error) (code, msg string, ok bool) {
+	var f *failure
+	if !errors.As(err, &f) {
+		return "", "", false
+	}
+	return f.code, f.msg, true
+}
 
 // run is the state of one task's run.
 type run struct {
@@ -137,8 +251,8 @@ type memo struct {
 }
 
 // Run executes the workflow for rec, reporting progress, and fills in
-// rec.Result, rec.Usage, rec.Warnings, or returns a *failure-like error
-// whose code is task.CodeAgentFailed or task.CodeModelUnavailable.
+// rec.Result, rec.Usage, rec.Warnings, or returns an error whose task code
+// FailureCode reads; a context's end is returned as it is.
 func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress) error {
 	r := &run{w: w, rec: rec, progress: progress, memory: map[string]*memo{},
 		lg: w.lg.With("task", rec.ID, "request_id", rec.RequestID)}
@@ -250,109 +364,6 @@ func (r *run) finish(ctx context.Context, text string) error {
 	return nil
 }
 
-// runTools executes the tool calls of one model answer, in order, and
-// appends the assistant message and one tool message per call: the text
-// for the model, the typed data for planners that are not models.
-// depth is the model step that asked, sent downstream as X-AITF-Depth.
-func (r *run) runTools(ctx context.Context, reply chat.Reply, depth int) {
-	r.msgs = append(r.msgs, chat.Message{Role: chat.RoleAssistant, Content: reply.Content, ToolCalls: reply.ToolCalls})
-	for _, tc := range reply.ToolCalls {
-		obs := r.toolCall(ctx, tc.ID, tc.Name, tc.Arguments, depth)
-		r.msgs = append(r.msgs, chat.Message{Role: chat.RoleTool, ToolCallID: tc.ID, Name: tc.Name,
-			Content: obs.Text, Data: obs.Data})
-	}
-}
-
-// toolCall answers one tool call: from the task's memory when repeated
-// (a third identical call is a loop and withdraws the tools), refused past
-// the tool-call bound, else executed.
-func (r *run) toolCall(ctx context.Context, id, name, args string, depth int) tools.Observation {
-	t, ok := r.tools[name]
-	if !ok {
-		st := r.startStep("tool", name, "")
-		obs := tools.Observation{Text: fmt.Sprintf("Unknown tool %q. Available tools: %s.", name, strings.Join(r.toolNames(), ", ")), Failed: true}
-		r.endStep(st, "failed", "unknown tool")
-		return obs
-	}
-	key := name + " " + canonicalArgs(args)
-	if m, ok := r.memory[key]; ok {
-		m.count++
-		st := r.startStep("tool", name, argsDetail(args))
-		detail := "answered from this task's memory"
-		if m.count >= 3 {
-			// The model is looping on one call: stop offering tools.
-			r.withdrawn = true
-			r.warn(task.WarnToolLoop)
-			detail = "repeated call: tools withdrawn"
-		}
-		r.endStep(st, "cached", detail)
-		return m.obs
-	}
-	if r.executed >= r.w.cfg.MaxToolCalls {
-		r.withdrawn = true
-		r.warn(task.WarnToolLimit)
-		st := r.startStep("tool", name, argsDetail(args))
-		r.endStep(st, "failed", "tool-call limit reached")
-		return tools.Observation{Text: "Tool-call limit reached for this task; answer from what you have.", Failed: true}
-	}
-	r.executed++
-	st := r.startStep("tool", name, argsDetail(args))
-	callCtx := outbound.WithCall(ctx, id, depth)
-	obs := t.Call(callCtx, args)
-	if obs.Warning != "" {
-		r.warn(obs.Warning)
-	}
-	status, detail := "ok", summarize(obs.Text)
-	if obs.Failed {
-		status = "failed"
-	}
-	r.endStep(st, status, detail)
-	r.memory[key] = &memo{obs: obs, count: 1}
-	return obs
-}
-
-func (r *run) toolNames() []string {
-	var out []string
-	for n := range r.tools {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// canonicalArgs makes equal arguments compare equal whatever their key order
-// or spacing; invalid JSON compares as its trimmed text.
-func canonicalArgs(args string) string {
-	var v any
-	if err := json.Unmarshal([]byte(args), &v); err != nil {
-		return strings.TrimSpace(args)
-	}
-	v = normalizeStrings(v)
-	out, _ := json.Marshal(v) // map keys are sorted by encoding/json
-	return string(out)
-}
-
-// normalizeStrings trims and lower-cases strings: "Lisbon " and "lisbon"
-// ask a tool the same question.
-func normalizeStrings(v any) any {
-	switch t := v.(type) {
-	case string:
-		return strings.ToLower(strings.TrimSpace(t))
-	case map[string]any:
-		for k, x := range t {
-			t[k] = normalizeStrings(x)
-		}
-	case []any:
-		for i, x := range t {
-			t[i] = normalizeStrings(x)
-		}
-	}
-	return v
-}
-
-func argsDetail(args string) string { return clip(strings.Join(strings.Fields(args), " "), 160) }
-func summarize(s string) string     { return clip(strings.Join(strings.Fields(s), " "), 160) }
-
 // warn records a warning code once.
 func (r *run) warn(code string) {
 	r.mu.Lock()
@@ -397,228 +408,6 @@ func (r *run) publish(s task.Step) {
 		// store failures. A run is not abandoned because one event was lost.
 		r.lg.Warn("progress not saved", "err", err)
 	}
-}
-
-// errBudgetRefused: the token budget cannot afford the next call.
-var errBudgetRefused = errors.New("agent: token budget refused the call")
-
-// errCut stops a streaming call from inside its callback.
-var errCut = errors.New("agent: stream cut")
-
-// call makes one model call: reserve, stream with cut-offs, settle, record.
-func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Reply, error) {
-	var defs []chat.ToolDef
-	if offerTools {
-		defs = r.defs
-	}
-	prompt := chat.EstimatePrompt(r.msgs, defs)
-	maxTokens := int64(r.w.cfg.MaxTokens)
-
-	st := r.startStep("model", label, "")
-	// Reserve before the breaker sees the call: a budget refusal is not a
-	// provider failure and must never count towards opening it.
-	res, err := r.reserve(ctx, prompt, &maxTokens, offerTools)
-	var reply chat.Reply
-	var used Model
-	var fellBack bool
-	if err == nil {
-		used, fellBack, err = r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
-			cur := res
-			if cur.ID == "" {
-				// A second attempt (the fallback after a failed primary) needs
-				// its own reservation; the first one was settled.
-				var rerr error
-				if cur, rerr = r.reserve(ctx, prompt, &maxTokens, offerTools); rerr != nil {
-					return rerr
-				}
-			}
-			res = budget.Reservation{}
-			rep, aerr := r.attempt(ctx, mdl, cur, prompt, maxTokens, defs)
-			if aerr != nil {
-				return aerr
-			}
-			reply = rep
-			return nil
-		})
-	}
-	if err != nil {
-		detail := "model call failed"
-		var f *failure
-		switch {
-		case errors.Is(err, errBudgetRefused):
-			detail = "token budget exhausted"
-			r.warn(task.WarnBudgetExhausted)
-		case ctx.Err() != nil:
-			detail = "stopped: time limit"
-		case errors.As(err, &f):
-			detail = f.msg
-		}
-		r.endStep(st, "failed", detail)
-		if errors.Is(err, errBudgetRefused) || ctx.Err() != nil || f != nil {
-			return chat.Reply{}, err
-		}
-		r.lg.Warn("model call failed", "model", used.Name, "err", err)
-		return chat.Reply{}, &failure{task.CodeModelUnavailable, "the model provider did not answer; please try again later"}
-	}
-	if fellBack && !r.lowPrec {
-		r.warn(task.WarnFallbackModel)
-	}
-	r.lastModel = used
-	detail := used.Name
-	if len(reply.ToolCalls) > 0 {
-		names := make([]string, 0, len(reply.ToolCalls))
-		for _, tc := range reply.ToolCalls {
-			names = append(names, tc.Name)
-		}
-		detail += ": calls " + strings.Join(names, ", ")
-	}
-	r.endStep(st, "ok", detail)
-	return reply, nil
-}
-
-// reserve books prompt + max_tokens in every budget scope. When the budget
-// cannot afford that, a closing call (no tools) may still go ahead with a
-// smaller max_tokens that fits what is left, so a run ends with what it has;
-// *maxTokens is lowered accordingly.
-func (r *run) reserve(ctx context.Context, prompt int64, maxTokens *int64, offerTools bool) (budget.Reservation, error) {
-	req := budget.Request{Day: r.rec.Day, Visitor: r.rec.Visitor, Task: r.rec.ID, Amount: prompt + *maxTokens}
-	res, err := r.w.budget.Reserve(ctx, req)
-	var ex *budget.ExhaustedError
-	if errors.As(err, &ex) && !offerTools && ex.Remaining-prompt >= minClosingTokens {
-		*maxTokens = ex.Remaining - prompt
-		req.Amount = ex.Remaining
-		res, err = r.w.budget.Reserve(ctx, req)
-	}
-	switch {
-	case err == nil:
-		return res, nil
-	case errors.Is(err, budget.ErrExhausted):
-		return res, fmt.Errorf("%w: %v", errBudgetRefused, err)
-	}
-	// The budget store failing is not the model's fault, and spending
-	// without a reservation is not allowed: fail closed.
-	return res, &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
-}
-
-// minClosingTokens is the smallest completion worth asking for a final answer.
-const minClosingTokens = 256
-
-// outputCap holds a call's streamed output to what its reservation covers.
-// It counts as it goes (time linear in the output, however it is chunked),
-// and it keeps exactly what it counted: a piece that does not fit whole is
-// taken up to the last code point that fits, so what is settled is what was
-// kept. Tool-call output is counted like text but not kept: a partial tool
-// call cannot be run.
-type outputCap struct {
-	limit int64 // completion tokens the reservation covers
-	count chat.Counter
-	text  strings.Builder
-}
-
-// take adds piece (reply text when keep, else tool-call output) and reports
-// whether the stream may go on: false once the limit is reached.
-func (c *outputCap) take(piece string, keep bool) bool {
-	whole := c.count
-	whole.Add(piece)
-	if whole.Tokens() <= c.limit {
-		c.count = whole
-		if keep {
-			c.text.WriteString(piece)
-		}
-		return whole.Tokens() < c.limit
-	}
-	for _, ch := range piece {
-		if c.count.With(ch) > c.limit {
-			break
-		}
-		c.count.AddRune(ch)
-		if keep {
-			c.text.WriteRune(ch)
-		}
-	}
-	return false
-}
-
-// attempt is one call on one model under reservation res, which it settles.
-func (r *run) attempt(ctx context.Context, mdl Model, res budget.Reservation, prompt, maxTokens int64, defs []chat.ToolDef) (chat.Reply, error) {
-	reserved := res.Amount
-
-	callCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	out := &outputCap{limit: reserved - prompt}
-	var cut string
-	stop := func(why string) error {
-		cut = why
-		cancel()
-		return errCut
-	}
-	detector := repetition.New(0, 0, r.w.cfg.LoopThreshold)
-	stream := func(c chat.Chunk) error {
-		if c.ToolCall != "" && !out.take(c.ToolCall, false) {
-			return stop(task.WarnOutputTruncated)
-		}
-		if c.Text == "" {
-			return nil
-		}
-		if !out.take(c.Text, true) {
-			return stop(task.WarnOutputTruncated)
-		}
-		// Only text is checked for loops: tool-call arguments repeat
-		// their own framing by nature.
-		if detector.Write([]byte(c.Text)) {
-			return stop(task.WarnOutputLoop)
-		}
-		return nil
-	}
-	turn := chat.Turn{Messages: r.msgs, Tools: defs, MaxTokens: int(maxTokens), Stream: stream, Request: &r.rec.Request}
-	start := time.Now()
-	reply, err := mdl.Generate(callCtx, turn)
-	latency := time.Since(start)
-
-	outcome := "ok"
-	ok := true
-	switch {
-	case cut != "":
-		// Keep the partial text; the stream was ours to stop.
-		r.warn(cut)
-		outcome = cut
-		reply = chat.Reply{Content: out.text.String(), StopReason: cut}
-	case err != nil:
-		outcome = "error"
-		ok = false
-	}
-
-	// Settle with what the provider reported, else what we counted (a
-	// failed or cut call is charged what it streamed).
-	promptUsed, completion := prompt, out.count.Tokens()
-	if ok && cut == "" {
-		if reply.Usage.Reported {
-			promptUsed, completion = reply.Usage.PromptTokens, reply.Usage.CompletionTokens
-		} else if completion == 0 {
-			completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
-		}
-	}
-	charged, serr := r.w.budget.Settle(context.WithoutCancel(ctx), res, promptUsed+completion)
-	if serr != nil {
-		r.lg.Warn("budget settle failed", "err", serr)
-	}
-	r.rec.Usage.PromptTokens += promptUsed
-	r.rec.Usage.CompletionTokens += completion
-	if r.w.ledger != nil {
-		entry := budget.Entry{Task: r.rec.ID, Model: mdl.Name, PromptTokens: promptUsed, CompletionTokens: completion,
-			Reserved: reserved, LatencyMS: latency.Milliseconds(), Outcome: outcome}
-		if lerr := r.w.ledger.Append(context.WithoutCancel(ctx), entry); lerr != nil {
-			r.lg.Warn("usage ledger append failed", "err", lerr)
-		}
-	}
-	r.lg.Debug("model call", "model", mdl.Name, "outcome", outcome, "reserved", reserved, "charged", charged, "latency_ms", latency.Milliseconds())
-	if !ok {
-		if ctx.Err() != nil {
-			return chat.Reply{}, ctx.Err()
-		}
-		return chat.Reply{}, err
-	}
-	return reply, nil
 }
 
 // addWarning appends code once.

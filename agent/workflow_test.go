@@ -58,7 +58,7 @@ func TestAnswerFirstTime(t *testing.T) {
 		t.Fatalf("user prompt %q", turn.Messages[1].Content)
 	}
 	st := r.budget.Settled()
-	if len(st) != 1 || st[0].Actual != 540 || st[0].Reservation.Amount != chat.EstimatePrompt(turn.Messages, turn.Tools)+1024 {
+	if len(st) != 1 || st[0].Prompt != 500 || st[0].Completion != 40 || st[0].Reservation.Tokens != chat.EstimatePrompt(turn.Messages, turn.Tools)+1024 {
 		t.Fatalf("settled %+v", st)
 	}
 	if e := r.ledger.Entries(); len(e) != 1 || e[0].Model != "primary" || e[0].PromptTokens != 500 || e[0].Outcome != "ok" || e[0].Task != rec.ID {
@@ -68,8 +68,10 @@ func TestAnswerFirstTime(t *testing.T) {
 	if len(steps) != 2 || steps[1].Status != "ok" || steps[1].Kind != "model" || steps[1].Detail != "primary" {
 		t.Fatalf("steps %+v", steps)
 	}
-	if got := r.budget.Reserved()[0]; got.Day != rec.Day || got.Visitor != "v1" || got.Task != rec.ID {
-		t.Fatalf("reservation %+v", got)
+	want := budget.Request{Day: rec.Day, Principal: visitor, PrincipalLimit: 40000, Tier: "public", TierLimit: 150000,
+		Task: rec.ID, Model: "primary", PromptTokens: chat.EstimatePrompt(turn.Messages, turn.Tools), MaxTokens: 1024}
+	if got := r.budget.Reserved(); len(got) != 1 || got[0] != want {
+		t.Fatalf("reservations %+v, want %+v", got, want)
 	}
 }
 
@@ -121,15 +123,15 @@ func TestToolRound(t *testing.T) {
 	}
 	// The second call reported no usage: it is charged the streamed text.
 	st := r.budget.Settled()
-	if want := chat.EstimatePrompt(second.Messages, second.Tools) + chat.EstimateTokens(plan(2).Content); st[1].Actual != want {
-		t.Fatalf("second call settled %d, want %d", st[1].Actual, want)
+	if want := chat.EstimatePrompt(second.Messages, second.Tools) + chat.EstimateTokens(plan(2).Content); st[1].Actual() != want {
+		t.Fatalf("second call settled %d, want %d", st[1].Actual(), want)
 	}
 	// The first was charged its tool calls, having streamed nothing.
 	first := m.Turns()[0]
-	if want := chat.EstimatePrompt(first.Messages, first.Tools) + chat.EstimateToolCalls(calls("guide_search", `{"query":"Lisbon"}`, "teleport", `{}`, "guide_search", `{ "query" : "lisbon " }`).ToolCalls); st[0].Actual != want {
-		t.Fatalf("first call settled %d, want %d", st[0].Actual, want)
+	if want := chat.EstimatePrompt(first.Messages, first.Tools) + chat.EstimateToolCalls(calls("guide_search", `{"query":"Lisbon"}`, "teleport", `{}`, "guide_search", `{ "query" : "lisbon " }`).ToolCalls); st[0].Actual() != want {
+		t.Fatalf("first call settled %d, want %d", st[0].Actual(), want)
 	}
-	if rec.Usage.PromptTokens+rec.Usage.CompletionTokens != st[0].Actual+st[1].Actual {
+	if rec.Usage.PromptTokens+rec.Usage.CompletionTokens != st[0].Actual()+st[1].Actual() {
 		t.Fatalf("usage %+v does not add up to %+v", rec.Usage, st)
 	}
 }
@@ -338,7 +340,7 @@ func TestBudgetRefusalMidTask(t *testing.T) {
 	}
 	closingTurn(t, turns[1])
 	prompt := chat.EstimatePrompt(turns[1].Messages, nil)
-	left := first + 100 - r.budget.Settled()[0].Actual
+	left := first + 100 - r.budget.Settled()[0].Actual()
 	if int64(turns[1].MaxTokens) != left-prompt || turns[1].MaxTokens < minClosingTokens {
 		t.Fatalf("closing max_tokens %d, want what is left: %d - %d", turns[1].MaxTokens, left, prompt)
 	}
@@ -431,7 +433,7 @@ func TestStreamCut(t *testing.T) {
 	}
 	prompt := chat.EstimatePrompt(turns[0].Messages, nil)
 	st := r.budget.Settled()
-	if st[0].Actual != prompt+300 || st[0].Reservation.Amount != prompt+300 {
+	if st[0].Actual() != prompt+300 || st[0].Reservation.Tokens != prompt+300 {
 		t.Fatalf("settled %+v, want prompt %d + 300", st[0], prompt)
 	}
 	e := r.ledger.Entries()[0]
@@ -620,7 +622,9 @@ func TestMinRunTokens(t *testing.T) {
 func TestAccountingFailuresDoNotStopARun(t *testing.T) {
 	m := &fakeModel{GenerateFn: func(context.Context, int, chat.Turn) (chat.Reply, error) { return plan(2), nil }}
 	r := newRig(m)
-	r.budget.SettleFn = func(context.Context, budget.Reservation, int64) (int64, error) { return 0, budget.ErrUnavailable }
+	r.budget.SettleFn = func(context.Context, budget.Reservation, int64, int64) (budget.Settlement, error) {
+		return budget.Settlement{}, budget.ErrUnavailable
+	}
 	r.ledger.AppendFn = func(context.Context, budget.Entry) error { return errors.New("ledger down") }
 	rec, err := r.run(t, lisbon)
 	if err != nil || rec.Result == nil {

@@ -1,0 +1,181 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"faregate/agent/chat"
+	"faregate/agent/task"
+	"faregate/protect/budget"
+)
+
+// noFullHash fails when any alert shows more of the visitor's hash than
+// its first 12 hex digits.
+func noFullHash(t *testing.T, alerts []Alert) {
+	t.Helper()
+	raw, err := json.Marshal(alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hash := visitor[2:]; strings.Contains(string(raw), hash[:shownHash+1]) {
+		t.Fatalf("an alert shows more than %d hex digits of the visitor's hash: %s", shownHash, raw)
+	}
+}
+
+// TestOverageAlert: a call that used more than its reservation raises
+// overage for its task, with the figures behind it.
+func TestOverageAlert(t *testing.T) {
+	m := answers(chat.Usage{PromptTokens: 2000, CompletionTokens: 300, Reported: true})
+	r := newRig(m)
+	r.budget.Prices = map[string]int64{"primary": 3}
+	rec, err := r.run(t, lisbon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserved := r.budget.Settled()[0].Reservation.Tokens
+	got := r.alerts.Of(AlertOverage)
+	if len(got) != 1 {
+		t.Fatalf("overage alerts %+v", r.alerts.All())
+	}
+	a := got[0]
+	over := 2300 - reserved
+	if a.Scope != "task:"+rec.ID || a.Severity != SeverityWarning || !strings.Contains(a.Text, "primary") {
+		t.Fatalf("alert %+v", a)
+	}
+	d := a.Details
+	if d["model"] != "primary" || d["reserved_tokens"] != reserved || d["used_tokens"] != int64(2300) ||
+		d["overage_tokens"] != over || d["overage_cost_micro"] != 3*over || d["late"] != false ||
+		d["principal"] != "v:0123456789ab" || d["task"] != rec.ID {
+		t.Fatalf("details %+v", d)
+	}
+	noFullHash(t, r.alerts.All())
+}
+
+// TestNoOverageNoAlert: a call within its reservation raises nothing.
+func TestNoOverageNoAlert(t *testing.T) {
+	r := newRig(answers(chat.Usage{PromptTokens: 200, CompletionTokens: 30, Reported: true}))
+	if _, err := r.run(t, lisbon); err != nil {
+		t.Fatal(err)
+	}
+	if all := r.alerts.All(); len(all) != 0 {
+		t.Fatalf("alerts %+v", all)
+	}
+}
+
+// TestLateOverageAlert: a settle that arrived after the reservation was
+// given back is all overage, and the alert says it was late.
+func TestLateOverageAlert(t *testing.T) {
+	r := newRig(answers(chat.Usage{PromptTokens: 200, CompletionTokens: 30, Reported: true}))
+	r.budget.SettleFn = func(_ context.Context, _ budget.Reservation, p, c int64) (budget.Settlement, error) {
+		return budget.Settlement{Tokens: p + c, OverageTokens: p + c, Late: true}, nil
+	}
+	if _, err := r.run(t, lisbon); err != nil {
+		t.Fatal(err)
+	}
+	got := r.alerts.Of(AlertOverage)
+	if len(got) != 1 || got[0].Details["late"] != true || got[0].Details["overage_tokens"] != int64(230) {
+		t.Fatalf("overage alerts %+v", got)
+	}
+}
+
+// TestBudgetWarningAlerts: each daily scope a reservation or settlement
+// took past 80% raises budget_warning, named without the visitor's hash.
+func TestBudgetWarningAlerts(t *testing.T) {
+	r := newRig(answers(chat.Usage{}))
+	plain := r.budget.Reserve
+	r.budget.ReserveFn = func(ctx context.Context, req budget.Request) (budget.Reservation, error) {
+		r.budget.ReserveFn = nil
+		res, err := plain(ctx, req)
+		res.Warnings = []budget.ScopeEvent{
+			{Scope: budget.ScopePrincipal, Name: visitor, Used: 32000, Limit: 40000},
+			{Scope: budget.ScopeTier, Name: "public", Used: 120000, Limit: 150000},
+			{Scope: budget.ScopeSite, Used: 160000, Limit: 200000},
+		}
+		return res, err
+	}
+	r.budget.SettleFn = func(_ context.Context, _ budget.Reservation, p, c int64) (budget.Settlement, error) {
+		return budget.Settlement{Tokens: p + c, Warnings: []budget.ScopeEvent{{Scope: budget.ScopeSpend, Used: 8_000_000, Limit: 10_000_000}}}, nil
+	}
+	if _, err := r.run(t, lisbon); err != nil {
+		t.Fatal(err)
+	}
+	got := r.alerts.Of(AlertBudgetWarning)
+	var scopes []string
+	for _, a := range got {
+		scopes = append(scopes, a.Scope)
+	}
+	if strings.Join(scopes, ",") != "principal:v:0123456789ab,tier:public,site,spend" {
+		t.Fatalf("warning scopes %v", scopes)
+	}
+	if d := got[0].Details; d["used"] != int64(32000) || d["limit"] != int64(40000) || d["unit"] != "tokens" {
+		t.Fatalf("principal warning details %+v", d)
+	}
+	if d := got[3].Details; d["used"] != int64(8_000_000) || d["unit"] != "micro-units" {
+		t.Fatalf("spend warning details %+v", d)
+	}
+	noFullHash(t, r.alerts.All())
+}
+
+// TestBudgetExhaustedAlert: the first refusal of a scope today raises
+// budget_exhausted for that scope; later refusals (First false) do not.
+func TestBudgetExhaustedAlert(t *testing.T) {
+	for _, tc := range []struct {
+		scope budget.Scope
+		want  string
+	}{
+		{budget.ScopePrincipal, "principal:v:0123456789ab"},
+		{budget.ScopeTier, "tier:public"},
+		{budget.ScopeSite, "site"},
+		{budget.ScopeSpend, "spend"},
+	} {
+		t.Run(string(tc.scope), func(t *testing.T) {
+			m := answers(chat.Usage{})
+			r := newRig(m, newTool("guide_search"))
+			first := true
+			r.budget.ReserveFn = func(context.Context, budget.Request) (budget.Reservation, error) {
+				ex := &budget.ExhaustedError{Scope: tc.scope, First: first}
+				first = false
+				return budget.Reservation{}, ex
+			}
+			_, err := r.run(t, lisbon)
+			if code, _, _ := FailureCode(err); code != task.CodeAgentFailed || len(m.Turns()) != 0 {
+				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
+			}
+			got := r.alerts.Of(AlertBudgetExhausted)
+			if len(got) != 1 || got[0].Scope != tc.want || got[0].Severity != SeverityCritical || got[0].Details["scope"] != string(tc.scope) {
+				t.Fatalf("exhausted alerts %+v", got)
+			}
+			noFullHash(t, r.alerts.All())
+		})
+	}
+}
+
+// TestNoAlertCallback: without Deps.Alert a run raises nothing and works.
+func TestNoAlertCallback(t *testing.T) {
+	r := newRig(answers(chat.Usage{PromptTokens: 5000, CompletionTokens: 300, Reported: true}))
+	d := r.deps()
+	d.Alert = nil
+	if err := NewWorkflow(r.cfg, d).Run(context.Background(), record(lisbon), func(*task.Record, ...task.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrincipalForms: the limiter's scope and the alerts' form of a
+// principal.
+func TestPrincipalForms(t *testing.T) {
+	for _, tc := range []struct{ in, scope, shown string }{
+		{visitor, "v:" + visitor[2:], "v:0123456789ab"},
+		{"k_acme", "k:acme", "k:acme"},
+		{"v_abc", "v:abc", "v:abc"},
+		{"somebody-else-entirely", "somebody-else-entirely", "somebody-els"},
+	} {
+		if got := principalScope(tc.in); got != tc.scope {
+			t.Errorf("principalScope(%q) = %q, want %q", tc.in, got, tc.scope)
+		}
+		if got := shownPrincipal(tc.in); got != tc.shown {
+			t.Errorf("shownPrincipal(%q) = %q, want %q", tc.in, got, tc.shown)
+		}
+	}
+}
