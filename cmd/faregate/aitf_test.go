@@ -66,9 +66,25 @@ func TestAITFScoreNeverLeaksWithoutDebug(t *testing.T) {
 			t.Fatalf("header %s leaked: %v", k, r.Header)
 		}
 	}
-	if !strings.Contains(s.Out.String(), "aitf: would delay") {
-		t.Fatal("observe mode did not log the would-be delay")
+	// Observe mode counts the would-be delay; it adds no log line per request.
+	if strings.Contains(s.Out.String(), "aitf: would delay") {
+		t.Fatal("observe mode logged a line for one request")
 	}
+	metrics := string(do(t, "GET", s.URL+"/metrics", "", nil).Raw)
+	if !strings.Contains(metrics, `faregate_aitf_observed_total{route="/api/tasks"} 1`) {
+		t.Fatalf("/metrics lacks the observed request:\n%s", grepLines(metrics, "faregate_aitf_observed"))
+	}
+}
+
+// grepLines returns the lines of text that contain sub, for failure messages.
+func grepLines(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestAITFScoreCommand scores NDJSON bodies from a file.

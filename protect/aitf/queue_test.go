@@ -413,7 +413,15 @@ func TestAdmitDecisionHeaderOnlyInDebug(t *testing.T) {
 }
 
 func TestToolCallAlert(t *testing.T) {
-	f := newFixture(t, func(o *Options) { o.Mode = ModeEnforce })
+	type loop struct {
+		id    string
+		count int
+	}
+	var loops []loop
+	f := newFixture(t, func(o *Options) {
+		o.Mode = ModeEnforce
+		o.ToolCallLoop = func(_ context.Context, id string, count int) { loops = append(loops, loop{id, count}) }
+	})
 	// Cancelled requests are queued and leave at once: the count, not the
 	// wait, is under test.
 	gone, cancel := context.WithCancel(context.Background())
@@ -459,6 +467,9 @@ func TestToolCallAlert(t *testing.T) {
 	queue("call_loop", 1)
 	if n := len(warns()); n != 2 {
 		t.Fatalf("%d alerts after the 16th in a new window, want 2", n)
+	}
+	if want := []loop{{"call_loop", 16}, {"call_loop", 16}}; !slices.Equal(loops, want) {
+		t.Errorf("ToolCallLoop calls %v, want %v", loops, want)
 	}
 	if got := testutil.ToFloat64(f.g.m.alerts.WithLabelValues("tasks")); got != 2 {
 		t.Errorf("tool_call_alerts_total = %v, want 2", got)
