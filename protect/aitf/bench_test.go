@@ -110,7 +110,6 @@ func baselineScore(body []byte) (float64, Vector) {
 	}
 	var s scanner
 	walk(&s, doc, kNone)
-	s.finish()
 	return combine(s.out.vec), s.out.vec
 }
 

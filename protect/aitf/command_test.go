@@ -16,7 +16,7 @@ func TestScoreCommand(t *testing.T) {
 	}{
 		{"one body", toolBody, 1, "toolcall=1.00"},
 		{"pretty-printed body is one body", "{\n  \"tool_call_id\": \"c\",\n  \"mode\": \"batch\"\n}\n", 1, "noninteractive=1.00"},
-		{"ndjson", toolBody + "\n" + pageBody(1) + "\n\n" + `{"recursion_depth":3}` + "\n", 3, "score=0.700"},
+		{"ndjson", toolBody + "\n" + pageBody(1) + "\n\n" + `{"recursion_depth":3}` + "\n", 3, "toolcall=1.00"},
 		{"a line that is not JSON is scored", "{\"tool_call_id\":\"c\"\nnot json at all\n", 2, "toolcall=1.00"},
 	}
 	for _, tc := range tests {

@@ -85,9 +85,7 @@ type scanner struct {
 	out     scanResult
 	objects [maxTracked / 64]uint64 // bit set: the container at that depth is an object
 	parents [maxParents]uint8       // key id that opened the container at that depth
-	seen    [4]uint64               // key ids already counted (count and sum dimensions)
-	count   [dimCount]uint8
-	sum     [dimCount]float64
+	seen    [4]uint64               // key ids already counted
 }
 
 // scan reads body once and returns the body dimensions, the tool call id's
@@ -95,7 +93,6 @@ type scanner struct {
 func scan(body []byte) scanResult {
 	var s scanner
 	s.run(body)
-	s.finish()
 	return s.out
 }
 
@@ -246,42 +243,24 @@ func (s *scanner) parent(depth int) uint8 {
 	return kNone
 }
 
-// apply folds one key's value into its dimension.
+// apply folds one key's value into its dimension. Distinct keys of one
+// dimension add up with diminishing returns, as a noisy-OR of their
+// contributions (0.6 and 0.5 make 0.8); a key counts once per body, so a
+// field repeated in every message of a history is not more evidence.
 func (s *scanner) apply(k keySpec, parent uint8, v value) {
-	// Keys repeated in every message of a history are settled after the
-	// first: skip them before looking at their values.
-	word, bit := k.id/64, uint64(1)<<(k.id%64)
-	a := aggOf(k.dim)
-	switch {
-	case a == aggMax && s.out.vec[k.dim] >= k.w && (s.out.toolLen > 0 || (k.rule != ruleToolID && k.rule != ruleNestedID)):
-		return
-	case a != aggMax && s.seen[word]&bit != 0:
+	// Settled keys are skipped before their values are read, except those
+	// whose value picks the key id they count under.
+	if !valueRule(k.rule) && s.seen[k.id/64]&(uint64(1)<<(k.id%64)) != 0 {
 		return
 	}
-	c := s.contribution(k, parent, v)
-	if c <= 0 {
+	c, id, dim := s.contribution(k, parent, v)
+	word, bit := id/64, uint64(1)<<(id%64)
+	if c <= 0 || s.seen[word]&bit != 0 {
 		return
 	}
-	if a == aggMax {
-		s.out.vec[k.dim] = max(s.out.vec[k.dim], c)
-		return
-	}
-	// Count and sum dimensions count each key once.
 	s.seen[word] |= bit
-	s.count[k.dim]++
-	s.sum[k.dim] += c
-}
-
-// finish turns counts and sums into dimension values.
-func (s *scanner) finish() {
-	for d := uint8(0); d < dimCount; d++ {
-		switch aggOf(d) {
-		case aggCount:
-			s.out.vec[d] = countCurve(d, s.count[d])
-		case aggSum:
-			s.out.vec[d] = clamp01(s.sum[d])
-		}
-	}
+	d := s.out.vec[dim]
+	s.out.vec[dim] = d + c - d*c
 }
 
 // captureToolID remembers the first tool call id's position.
