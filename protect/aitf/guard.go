@@ -236,13 +236,7 @@ func (g *Guard) Middleware(next http.Handler) http.Handler {
 		vec := sr.vec
 		visitor := g.o.VisitorKey(r)
 		if visitor != "" {
-			cand := sr.enum
-			if !cand.ok {
-				cand = enumOf(lastSegment(r.URL.Path))
-			}
-			hasBody := len(bytes.TrimSpace(body)) > 0
-			vec[dimEnumeration], vec[dimRepeat], vec[dimBurst] = g.mem.observe(
-				visitor, g.o.Now(), maphash.Bytes(g.seed, body), hasBody, cand)
+			g.mem.behaviour(&vec, sr, visitor, g.o.Now(), g.seed, body, r.URL.Path)
 		}
 		e := &entry{res: Result{
 			Score:      combine(vec),

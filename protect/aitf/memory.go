@@ -1,6 +1,8 @@
 package aitf
 
 import (
+	"bytes"
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -98,6 +100,18 @@ func (m *memory) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.visitors.Len()
+}
+
+// behaviour records one request of visitor at now (its body, its scan and
+// its URL path) and fills vec's behaviour dimensions. The Guard and the
+// score command's session replay both go through here.
+func (m *memory) behaviour(vec *Vector, sr scanResult, visitor string, now time.Time, seed maphash.Seed, body []byte, path string) {
+	cand := sr.enum
+	if !cand.ok {
+		cand = enumOf(lastSegment(path))
+	}
+	hasBody := len(bytes.TrimSpace(body)) > 0
+	vec[dimEnumeration], vec[dimRepeat], vec[dimBurst] = m.observe(visitor, now, maphash.Bytes(seed, body), hasBody, cand)
 }
 
 // observe records one request of a visitor and returns its behaviour
