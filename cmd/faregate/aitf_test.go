@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,6 +100,24 @@ func TestAITFScoreCommand(t *testing.T) {
 	}
 	if lines := strings.Count(strings.TrimSpace(out.String()), "\n") + 1; lines < 2 || !strings.Contains(out.String(), "toolcall") {
 		t.Fatalf("output:\n%s", out.String())
+	}
+	// A captured session: twelve requests of one visitor within a second
+	// replay as a burst on the last line.
+	var session strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&session, `{"visitor":"v1","at":"2026-01-01T10:00:00.%03dZ","body":{"q":"lisbon %d"}}`+"\n", i*50, i)
+	}
+	f = filepath.Join(t.TempDir(), "session.ndjson")
+	if err := os.WriteFile(f, []byte(session.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(t.Context(), []string{"faregate", "aitf", "score", f}, envOf(nil), &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 12 || !strings.HasPrefix(lines[11], "score=") || !strings.Contains(lines[11], "burst=1.00") {
+		t.Fatalf("session output:\n%s", out.String())
 	}
 	if err := run(t.Context(), []string{"faregate", "aitf", "frobnicate"}, envOf(nil), &out); err == nil {
 		t.Fatal("unknown aitf subcommand accepted")
