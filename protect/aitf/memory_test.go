@@ -1,8 +1,11 @@
 package aitf
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -233,5 +236,37 @@ func TestEnumOf(t *testing.T) {
 	}
 	if enumOf("doc_1234").prefix != enumOf("DOC_5678").prefix {
 		t.Error("prefix hash depends on case")
+	}
+}
+
+// TestBehaviourOnTheDefaultClock runs a Guard whose behaviour memory reads
+// time.Now (Options.Now unset) in a synctest bubble: time.Sleep there only
+// moves the bubble's fake clock, so the pacing is exact and costs nothing.
+func TestBehaviourOnTheDefaultClock(t *testing.T) {
+	tests := []struct {
+		name      string
+		gap       time.Duration
+		wantBurst float64
+	}{
+		{"twelve requests in 600 ms after silence", 50 * time.Millisecond, 1},
+		{"twelve requests a second apart", time.Second, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := New(Options{VisitorKey: func(*http.Request) string { return visitorHash }})
+				var last Result
+				h := g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					last, _ = FromContext(r.Context())
+				}))
+				for i := range 12 {
+					h.ServeHTTP(httptest.NewRecorder(), post(`{"q":"`+strconv.Itoa(i)+`"}`))
+					time.Sleep(tc.gap)
+				}
+				if got := last.Vector[dimBurst]; got != tc.wantBurst {
+					t.Errorf("burst = %.2f, want %.2f (vector %s)", got, tc.wantBurst, last.Vector)
+				}
+			})
+		})
 	}
 }
