@@ -2,8 +2,10 @@ package aitf
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // agentBody builds a realistic agent request of exactly size bytes: the
@@ -96,6 +98,35 @@ func BenchmarkDecodeBaseline(b *testing.B) {
 			for b.Loop() {
 				baselineScore(c.body)
 			}
+		})
+	}
+}
+
+// BenchmarkSpeedup reports how many times faster Score is than the
+// decoding baseline on the same body, as the metric "x-faster". The two
+// run interleaved in short alternating batches, so a machine whose load
+// changes during the run slows both alike; BenchmarkScore and
+// BenchmarkDecodeBaseline give the absolute numbers.
+func BenchmarkSpeedup(b *testing.B) {
+	for _, size := range []int{1 << 10, 16 << 10} {
+		body := agentBody(size)
+		b.Run(strconv.Itoa(size>>10)+"KiB", func(b *testing.B) {
+			// About 50 µs per batch of either kind.
+			batch := max(1, 50_000/(len(body)/8))
+			var scanned, decoded time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				for range batch {
+					Score(body)
+				}
+				t1 := time.Now()
+				for range batch {
+					baselineScore(body)
+				}
+				scanned += t1.Sub(t0)
+				decoded += time.Since(t1)
+			}
+			b.ReportMetric(float64(decoded)/float64(scanned), "x-faster")
 		})
 	}
 }

@@ -385,6 +385,9 @@ func typeKind(v []byte) (id, dim uint8, c float64) {
 	case "handoffmessage", "textmessage", "stopmessage", "human", "ai":
 		return kTypeAgentMsg, dimTrace, 0.4
 	}
+	if len(v) == 0 || !isDigit(v[len(v)-1]) {
+		return 0, 0, 0
+	}
 	// Versioned Anthropic tools: computer_20250124, bash_20250124,
 	// text_editor_20250124, web_search_20250305.
 	for _, p := range [...]string{"computer", "bash", "texteditor", "websearch"} {
@@ -440,20 +443,35 @@ func toolIDLike(raw []byte) bool {
 	return bytes.HasPrefix(raw, []byte("call_")) || bytes.HasPrefix(raw, []byte("toolu_"))
 }
 
-// valueRule reports whether a rule reads the value to decide which key id
-// and dimension it feeds, so a key seen once may still count again with
-// another value.
-func valueRule(r rule) bool {
-	switch r {
-	case ruleType, ruleNestedID, ruleToolID, ruleCallID:
-		return true
+// settled reports whether key k can add nothing more to this body: it has
+// counted already and, for the rules whose value picks the key id they
+// count under or captures the tool call id, nothing is left to pick or
+// capture. Keys repeated in every message of a history then cost a lookup
+// and nothing else.
+func (s *scanner) settled(k keySpec) bool {
+	switch k.rule {
+	case ruleType:
+		return s.seenID(kTypeTool) && s.seenID(kTypeBuiltin) && s.seenID(kTypeAgentMsg)
+	case ruleNestedID:
+		return s.out.toolLen > 0 && s.seenID(kIDCall) && s.seenID(kIDLLM)
+	case ruleToolID, ruleCallID:
+		return s.out.toolLen > 0 && s.seenID(k.id)
 	}
-	return false
+	return s.seenID(k.id)
+}
+
+// seenID reports whether key id has counted in this body.
+func (s *scanner) seenID(id uint8) bool {
+	return s.seen[id/64]&(uint64(1)<<(id%64)) != 0
 }
 
 // normValue normalises a string value as keys are (lower case, no '_',
-// '-', '.' or spaces) into buf.
+// '-', '.' or spaces), into buf unless it already is ("assistant",
+// "function": most values a rule reads).
 func normValue(v value, buf *[normCap]byte) []byte {
+	if plainKey(v.raw) {
+		return v.raw
+	}
 	n, _ := normalize(v.raw, buf)
 	return buf[:n]
 }

@@ -248,9 +248,7 @@ func (s *scanner) parent(depth int) uint8 {
 // contributions (0.6 and 0.5 make 0.8); a key counts once per body, so a
 // field repeated in every message of a history is not more evidence.
 func (s *scanner) apply(k keySpec, parent uint8, v value) {
-	// Settled keys are skipped before their values are read, except those
-	// whose value picks the key id they count under.
-	if !valueRule(k.rule) && s.seen[k.id/64]&(uint64(1)<<(k.id%64)) != 0 {
+	if s.settled(k) {
 		return
 	}
 	c, id, dim := s.contribution(k, parent, v)

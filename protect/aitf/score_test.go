@@ -330,8 +330,8 @@ func TestScoreInvalid(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s, v := Score([]byte(tc.body))
-			if s < 0 || s >= 1 || math.IsNaN(s) {
-				t.Fatalf("score %v out of [0,1)", s)
+			if s < 0 || s > 1 || math.IsNaN(s) {
+				t.Fatalf("score %v out of [0,1]", s)
 			}
 			for d, x := range v {
 				if x < 0 || x > 1 || math.IsNaN(x) {
