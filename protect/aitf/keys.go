@@ -345,9 +345,40 @@ func agentMode(v []byte) bool {
 	case "chain", "chained", "agent", "react", "swarm", "crew", "reflexion", "hierarchical":
 		return true
 	}
-	for _, p := range [...]string{"batch", "bulk", "autochain", "autonomous", "autopilot", "autorun", "agentic",
-		"multiagent", "pipeline", "headless", "noninteractive", "unattended", "deep", "planandexecute",
-		"zeroshot", "openaitools", "openaifunctions", "structuredchat", "selfask", "toolcalling", "reactdocstore"} {
+	if len(v) == 0 {
+		return false
+	}
+	// Prefixes, by first letter: this runs for every "mode" a body has.
+	var prefixes []string
+	switch v[0] {
+	case 'a':
+		prefixes = []string{"autochain", "autonomous", "autopilot", "autorun", "agentic"}
+	case 'b':
+		prefixes = []string{"batch", "bulk"}
+	case 'd':
+		prefixes = []string{"deep"}
+	case 'h':
+		prefixes = []string{"headless"}
+	case 'm':
+		prefixes = []string{"multiagent"}
+	case 'n':
+		prefixes = []string{"noninteractive"}
+	case 'o':
+		prefixes = []string{"openaitools", "openaifunctions"}
+	case 'p':
+		prefixes = []string{"pipeline", "planandexecute"}
+	case 'r':
+		prefixes = []string{"reactdocstore"}
+	case 's':
+		prefixes = []string{"structuredchat", "selfask"}
+	case 't':
+		prefixes = []string{"toolcalling"}
+	case 'u':
+		prefixes = []string{"unattended"}
+	case 'z':
+		prefixes = []string{"zeroshot"}
+	}
+	for _, p := range prefixes {
 		if bytes.HasPrefix(v, []byte(p)) {
 			return true
 		}
@@ -356,18 +387,50 @@ func agentMode(v []byte) bool {
 }
 
 // llmModel reports whether a normalised model or provider name names an
-// LLM family or LLM provider.
+// LLM family or LLM provider anywhere in it ("us.anthropic.claude-3…",
+// "meta-llama/Llama-3…"). It looks for a family only where one could
+// start, by the letter it starts with: this runs for every "model" a body
+// has, so it avoids a substring search per family.
 func llmModel(v []byte) bool {
-	for _, f := range [...]string{"gpt", "claude", "llama", "mistral", "mixtral", "gemini", "gemma", "qwen",
-		"deepseek", "phi3", "phi4", "commandr", "sonnet", "opus", "haiku", "openai", "anthropic", "ollama",
-		"autogen", "langchain", "davinci", "grok"} {
-		if bytes.Contains(v, []byte(f)) {
-			return true
+	// OpenAI's reasoning models: o1, o3-mini, o4-mini…
+	if len(v) >= 2 && v[0] == 'o' && (v[1] == '1' || v[1] == '3' || v[1] == '4') && (len(v) == 2 || !isDigit(v[2])) {
+		return true
+	}
+	for i := range v {
+		var families []string
+		switch v[i] {
+		case 'a':
+			families = []string{"anthropic", "autogen"}
+		case 'c':
+			families = []string{"claude", "commandr"}
+		case 'd':
+			families = []string{"deepseek", "davinci"}
+		case 'g':
+			families = []string{"gpt", "gemini", "gemma", "grok"}
+		case 'h':
+			families = []string{"haiku"}
+		case 'l':
+			families = []string{"llama", "langchain"}
+		case 'm':
+			families = []string{"mistral", "mixtral"}
+		case 'o':
+			families = []string{"openai", "ollama", "opus"}
+		case 'p':
+			families = []string{"phi3", "phi4"}
+		case 'q':
+			families = []string{"qwen"}
+		case 's':
+			families = []string{"sonnet"}
+		default:
+			continue
+		}
+		for _, f := range families {
+			if bytes.HasPrefix(v[i:], []byte(f)) {
+				return true
+			}
 		}
 	}
-	// OpenAI's reasoning models: o1, o3-mini, o4-mini…
-	return len(v) >= 2 && v[0] == 'o' && (v[1] == '1' || v[1] == '3' || v[1] == '4') &&
-		(len(v) == 2 || !isDigit(v[2]))
+	return false
 }
 
 // typeKind classifies a normalised "type" value: tool-use blocks and
@@ -444,21 +507,28 @@ func toolIDLike(raw []byte) bool {
 }
 
 // settled reports whether key k can add nothing more to this body: it has
-// counted already and, for the rules whose value picks the key id they
-// count under or captures the tool call id, nothing is left to pick or
-// capture. Keys repeated in every message of a history then cost a lookup
-// and nothing else.
+// counted already, or its dimension is full, and, for the rules whose value
+// picks the key id they count under or captures the tool call id, nothing
+// is left to pick or capture. Keys repeated in every message of a history
+// then cost a lookup and nothing else.
 func (s *scanner) settled(k keySpec) bool {
 	switch k.rule {
 	case ruleType:
-		return s.seenID(kTypeTool) && s.seenID(kTypeBuiltin) && s.seenID(kTypeAgentMsg)
+		tool := s.full(dimToolCall) || s.seenID(kTypeTool) && s.seenID(kTypeBuiltin)
+		return tool && (s.full(dimTrace) || s.seenID(kTypeAgentMsg))
 	case ruleNestedID:
-		return s.out.toolLen > 0 && s.seenID(kIDCall) && s.seenID(kIDLLM)
+		return s.out.toolLen > 0 && (s.full(dimToolCall) || s.seenID(kIDCall)) &&
+			(s.full(dimMetadata) || s.seenID(kIDLLM))
 	case ruleToolID, ruleCallID:
-		return s.out.toolLen > 0 && s.seenID(k.id)
+		return s.out.toolLen > 0 && (s.full(k.dim) || s.seenID(k.id))
 	}
-	return s.seenID(k.id)
+	return s.full(k.dim) || s.seenID(k.id)
 }
+
+// full reports whether dimension dim is already at 1, where nothing can
+// raise it further (a noisy-OR with a contribution of 1 may round to just
+// below 1).
+func (s *scanner) full(dim uint8) bool { return s.out.vec[dim] >= 1-1e-9 }
 
 // seenID reports whether key id has counted in this body.
 func (s *scanner) seenID(id uint8) bool {
@@ -619,6 +689,13 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 		}
 	case ruleType:
 		if v.kind != vString {
+			return 0, id, dim
+		}
+		switch string(v.raw) {
+		case "function", "text", "object", "string", "array", "message", "number", "integer", "boolean":
+			// The commonest values by far (JSON Schema types, OpenAI tool
+			// definitions, text blocks) name no tool use: settle them
+			// before normalising.
 			return 0, id, dim
 		}
 		id, dim, c = typeKind(normValue(v, &buf))

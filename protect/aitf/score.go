@@ -78,7 +78,11 @@ func Score(body []byte) (float64, Vector) {
 func combine(v Vector) float64 {
 	z := bias
 	for i, d := range v {
-		z += weights[i] * clamp01(d)
+		// Most dimensions are 0; NaN, which a hostile number could
+		// produce, fails d > 0 and counts as no signal.
+		if d > 0 {
+			z += weights[i] * min(d, 1)
+		}
 	}
 	if z <= bias {
 		return 0
