@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,9 +67,25 @@ func TestAITFScoreNeverLeaksWithoutDebug(t *testing.T) {
 			t.Fatalf("header %s leaked: %v", k, r.Header)
 		}
 	}
-	if !strings.Contains(s.Out.String(), "aitf: would delay") {
-		t.Fatal("observe mode did not log the would-be delay")
+	// Observe mode counts the would-be delay; it adds no log line per request.
+	if strings.Contains(s.Out.String(), "aitf: would delay") {
+		t.Fatal("observe mode logged a line for one request")
 	}
+	metrics := string(do(t, "GET", s.URL+"/metrics", "", nil).Raw)
+	if !strings.Contains(metrics, `faregate_aitf_observed_total{route="/api/tasks"} 1`) {
+		t.Fatalf("/metrics lacks the observed request:\n%s", grepLines(metrics, "faregate_aitf_observed"))
+	}
+}
+
+// grepLines returns the lines of text that contain sub, for failure messages.
+func grepLines(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestAITFScoreCommand scores NDJSON bodies from a file.
@@ -83,6 +100,24 @@ func TestAITFScoreCommand(t *testing.T) {
 	}
 	if lines := strings.Count(strings.TrimSpace(out.String()), "\n") + 1; lines < 2 || !strings.Contains(out.String(), "toolcall") {
 		t.Fatalf("output:\n%s", out.String())
+	}
+	// A captured session: twelve requests of one visitor within a second
+	// replay as a burst on the last line.
+	var session strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&session, `{"visitor":"v1","at":"2026-01-01T10:00:00.%03dZ","body":{"q":"lisbon %d"}}`+"\n", i*50, i)
+	}
+	f = filepath.Join(t.TempDir(), "session.ndjson")
+	if err := os.WriteFile(f, []byte(session.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(t.Context(), []string{"faregate", "aitf", "score", f}, envOf(nil), &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 12 || !strings.HasPrefix(lines[11], "score=") || !strings.Contains(lines[11], "burst=1.00") {
+		t.Fatalf("session output:\n%s", out.String())
 	}
 	if err := run(t.Context(), []string{"faregate", "aitf", "frobnicate"}, envOf(nil), &out); err == nil {
 		t.Fatal("unknown aitf subcommand accepted")

@@ -65,7 +65,7 @@ func runUsage(ctx context.Context, args []string, getenv func(string) string, st
 // each JSON (or NDJSON) body in FILE or standard input.
 func runAITF(args []string, stdout io.Writer) error {
 	if len(args) == 0 || args[0] != "score" || len(args) > 2 {
-		return errors.New("usage: faregate aitf score [FILE]   (reads standard input without FILE)")
+		return errors.New(`usage: faregate aitf score [FILE]   (reads standard input without FILE; a line is a JSON body, or {"visitor","at","body"} to replay a session)`)
 	}
 	in := io.Reader(os.Stdin)
 	if len(args) == 2 && args[1] != "-" {

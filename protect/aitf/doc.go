@@ -13,47 +13,54 @@
 //
 // # Dimensions
 //
-// Every dimension d_i lies in [0,1]; w_i is its weight in the score.
+// Every dimension d_i lies in [0,1]. Each known key has a strength in its
+// dimension (1 for keys only agent frameworks send, lower for keys ordinary
+// APIs share) and often a value rule (a depth of 3 or more, an LLM model
+// name, an MCP method, a tool-use block type). Distinct keys of one
+// dimension add up with diminishing returns, d = 1 − Π(1 − s_k); a key
+// counts once per body however often a message history repeats it.
 //
-//	#  name            w     measures
-//	0  recursion       0.65  recursion_depth, recursion_limit, max_hops, max_iterations, chain_depth (1.0);
-//	                         max_depth, max_steps, hops (0.6); depth (0.3). Value v: (v-1)/2, so 1 → 0, 3+ → 1
-//	1  noninteractive  0.50  mode/run_mode/execution_mode/agent_mode of batch*, bulk*, autonomous*, auto_chain*,
-//	                         chain, agent, pipeline*, headless, unattended kinds (not a theme's "auto"); interactive: false;
-//	                         human_in_the_loop: false; headless/unattended/autonomous/auto_approve: true
-//	2  context         0.45  context_window, context_length, num_ctx, max_context… against the 4096 default:
-//	                         log2(v/4096)/3, so 4096 → 0, 8192 → 0.33, 32768+ → 1
-//	3  chunking        0.45  chunk_size, chunk_overlap, chunk_strategy, text_splitter…: any one key 1
-//	4  retry           0.45  retry_strategy, retry_policy, max_retries, max_attempts, backoff…: any one key 1
-//	5  toolcall        0.70  tool_call_id, tool_use_id, tool_calls, function_call (1.0); function inside
-//	                         tool_calls (1.0), function object (0.6) or string (0.2); tool_choice (0.8);
-//	                         tool_name (0.5); tools list (0.25)
-//	6  metadata        0.50  metadata.confidence (1.0), system_fingerprint (1.0), logprobs, finish_reason,
-//	                         stop_reason (0.8), prompt/completion/total_tokens (0.7), model naming an LLM
-//	                         family (0.7), a bare confidence in [0,1] (0.3)
-//	7  sampling        0.50  temperature in [0,2], top_p, top_k, max_tokens, max_new_tokens, penalties,
-//	                         logit_bias, stop_sequences: one key 0.5, two 0.8, three 1
-//	8  trace           0.50  sum, capped at 1, of agent framework traces: intermediate_steps,
-//	                         agent_scratchpad (1.0); thought, observation, action_input, parent_run_id,
-//	                         scratchpad, chain_of_thought (0.8); run_id, callbacks (0.5); trace_id (0.3);
-//	                         span_id (0.2)
-//	9  enumeration     0.50  per visitor: consecutive requests naming prefix+number identifiers
-//	                         (doc_78901 → doc_78912, or numeric *_id values) that step by 1..32: hits/4
-//	10 repeat          0.50  per visitor: the same non-empty body again within 60 s of its last
-//	                         sighting: (n-1)/4 for the n-th sighting
-//	11 burst           0.50  per visitor: requests inside one 1 s window: (n-4)/8, halved unless the
-//	                         window opened after at least 5 s of quiet
+//	#  name            families
+//	0  recursion       recursion_depth/limit, max_iterations, max_iter (CrewAI), max_turns, max_round,
+//	                   max_consecutive_auto_reply (AutoGen), maxDiscoveryDepth (Firecrawl), maxCrawlDepth,
+//	                   max_actions_per_step (browser-use); weaker max_steps, max_depth, depth
+//	1  noninteractive  agent modes (batch*, autonomous, auto_chain, deep_*, zero-shot-react…), interactive:
+//	                   false, human_input_mode: NEVER, crawler and batch jobs (startUrls, scrapeOptions,
+//	                   completion_window, custom_id), headless and computer-use displays
+//	2  context         context_window, num_ctx, max_prompt_tokens… against the 4096 default; truncation_strategy
+//	3  chunking        chunk_size (text-sized, not a 5 MiB upload chunk), chunk_overlap, text_splitter,
+//	                   node_parser, embed_model, similarity_top_k
+//	4  retry           retry_strategy/policy, max_retries, max_attempts, backoff…; weaker retries
+//	5  toolcall        tool_call_id, tool_use_id, call_id shaped like one, tool_calls, function_call,
+//	                   tool_choice, tool_outputs, MCP methods (tools/call, initialize, notifications/…),
+//	                   type tool_use/tool_result/function_call(_output), role: tool, ids call_…/toolu_…
+//	6  metadata        system_fingerprint, finish/stop_reason, logprobs, token usage, models_usage,
+//	                   object chat.completion/thread.run, LLM names under model/llm/provider
+//	7  sampling        temperature in [0,2], top_p, top_k, max_tokens…, penalties, response_format,
+//	                   reasoning_effort, budget_tokens
+//	8  trace           intermediate_steps, agent_scratchpad, thought/action/observation (ReAct), run_id,
+//	                   parent_run_id, run_name, run_type (LangSmith), configurable, stream_mode (LangGraph),
+//	                   assistant_id, previous_response_id, backstory, max_rpm (CrewAI), next_goal,
+//	                   current_state (browser-use), navigation_goal (Skyvern), speaker_selection_method
+//	9  enumeration     per visitor: consecutive requests naming prefix+number identifiers
+//	                   (doc_78901 → doc_78912, or numeric *_id values) that step by 1..32: hits/4
+//	10 repeat          per visitor: the same non-empty body again within 60 s of its last
+//	                   sighting: (n-1)/4 for the n-th sighting
+//	11 burst           per visitor: requests inside one 1 s window: (n-4)/8, halved unless the
+//	                   window opened after at least 5 s of quiet
 //
 // # Score
 //
-// The combined score is a weighted noisy-OR:
+// The dimensions combine in a logistic model fitted to a labelled corpus
+// (testdata/corpus; weights.go is generated by TestFitWeights), measured
+// from its no-evidence baseline:
 //
-//	score = 1 − Π_i (1 − w_i · d_i)
+//	z = bias + Σ_i w_i · d_i,   score = (σ(z) − σ(bias)) / (1 − σ(bias))
 //
-// Each dimension can only raise it, one strong signal (tool_call_id, or
-// recursion_depth ≥ 3) alone reaches w ≥ 0.65, any three full signals reach
-// at least 1 − 0.55³ ≈ 0.83, and since every w_i < 1 the score stays below 1.
-// Ordinary REST bodies and the page's own task body score below 0.2.
+// A body with no signal scores exactly 0, every weight is non-negative so
+// each dimension can only raise the score, and the score lies in [0,1]. The
+// behaviour weights are not fitted: one full behaviour signal alone scores
+// 0.5, below the default threshold 0.6.
 //
 // # Enforcement
 //

@@ -31,8 +31,8 @@ func FuzzScore(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		s1, v1 := Score(body)
-		if math.IsNaN(s1) || s1 < 0 || s1 >= 1 {
-			t.Fatalf("score %v out of [0,1)", s1)
+		if math.IsNaN(s1) || s1 < 0 || s1 > 1 {
+			t.Fatalf("score %v out of [0,1]", s1)
 		}
 		for d, x := range v1 {
 			if math.IsNaN(x) || x < 0 || x > 1 {

@@ -117,7 +117,17 @@ type Options struct {
 	// Refuse writes the 503 aitf_queue_full response for Delay; default a
 	// plain JSON envelope with Retry-After.
 	Refuse func(w http.ResponseWriter, r *http.Request, retryAfter time.Duration)
-	// Logger receives observe lines and the tool call alert; default discard.
+	// Observed, when set, is called once for each request that scores at
+	// least Threshold in observe mode (one enforce would have delayed),
+	// after the handler returned, so the caller can aggregate them into a
+	// periodic summary. Nothing is logged per request. It runs on the
+	// request's goroutine and must not keep r.
+	Observed func(r *http.Request, res Result)
+	// ToolCallLoop, when set, is called once per tool_call_id per
+	// 10-minute window, when that id is queued for the 16th time in it
+	// (count is that count). The guard also logs one WARN line for it.
+	ToolCallLoop func(ctx context.Context, toolCallID string, count int)
+	// Logger receives the tool call alert; default discard.
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil leaves them unregistered.
 	Registerer prometheus.Registerer
@@ -209,8 +219,9 @@ func NewContext(ctx context.Context, r Result) context.Context {
 // Middleware scores each request: it reads the body once (at most MaxBody+1
 // bytes) and hands the handler the same bytes followed by whatever was left
 // unread, so the handler's own size check still sees an oversized body. It
-// stores the Result in the context, counts and (in observe mode) logs, and
-// sets the debug headers when allowed. It never waits; see Admit.
+// stores the Result in the context, counts (in observe mode also through
+// Options.Observed, never a log line per request), and sets the debug
+// headers when allowed. It never waits; see Admit.
 func (g *Guard) Middleware(next http.Handler) http.Handler {
 	if g.o.Mode == ModeOff {
 		return next
@@ -225,13 +236,7 @@ func (g *Guard) Middleware(next http.Handler) http.Handler {
 		vec := sr.vec
 		visitor := g.o.VisitorKey(r)
 		if visitor != "" {
-			cand := sr.enum
-			if !cand.ok {
-				cand = enumOf(lastSegment(r.URL.Path))
-			}
-			hasBody := len(bytes.TrimSpace(body)) > 0
-			vec[dimEnumeration], vec[dimRepeat], vec[dimBurst] = g.mem.observe(
-				visitor, g.o.Now(), maphash.Bytes(g.seed, body), hasBody, cand)
+			g.mem.behaviour(&vec, sr, visitor, g.o.Now(), g.seed, body, r.URL.Path)
 		}
 		e := &entry{res: Result{
 			Score:      combine(vec),
@@ -261,9 +266,9 @@ func (g *Guard) Middleware(next http.Handler) http.Handler {
 		g.m.score.WithLabelValues(route).Observe(e.res.Score)
 		if observed {
 			g.m.observed.WithLabelValues(route).Inc()
-			g.o.Logger.InfoContext(r.Context(), "aitf: would delay",
-				"visitor", visitor, "route", route,
-				"score", e.res.Score, "vector", vec.String())
+			if g.o.Observed != nil {
+				g.o.Observed(r, e.res)
+			}
 		}
 	})
 }

@@ -11,235 +11,374 @@ type rule uint8
 
 const (
 	ruleNone        rule = iota
-	ruleDepth            // hop/depth count: 1 is ordinary, 3 or more is recursion
+	ruleDepth            // hop/depth/iteration count: 1 is ordinary, 3 or more is recursion
 	ruleTrue             // a boolean flag that signals when true
-	ruleFalse            // a boolean flag that signals when false (interactive: false)
-	ruleAgentMode        // a mode string naming a batch/auto-chain kind
+	ruleFalse            // a flag that signals when false or "never" (interactive: false)
+	ruleAny              // any boolean or number, false and 0 included: the key itself is the signal
+	ruleAgentMode        // a mode string naming a batch/auto-chain/agent kind
 	ruleContext          // a context size against the 4096 default
 	rulePresent          // any non-empty value
+	ruleObject           // a non-empty object or array
+	ruleText             // a non-empty string or array (not an object: a bird sighting's observation)
 	ruleToolID           // a tool call id string (also captured for serialisation)
-	ruleList             // a non-empty array or object
+	ruleCallID           // call_id: a tool call id when it looks like one ("call_…", "toolu_…")
 	ruleFunction         // "function": strongest inside tool_calls
-	ruleNestedID         // "id": a tool call id only inside tool_calls
+	ruleNestedID         // "id": a tool call id inside tool_calls or when it looks like one
 	ruleTemperature      // a number in the LLM range [0,2] (not a thermostat)
 	ruleUnit             // a number in [0,1]
 	rulePositive         // a number above 0
 	ruleNumber           // any number
 	ruleConfidence       // a number in [0,1], strongest under metadata
-	ruleModelName        // a string naming an LLM family
+	ruleModelName        // a string naming an LLM family or provider
+	ruleLLM              // an LLM setting: an LLM name in full, any other value in part
+	ruleChunkSize        // a text chunk size (an upload's 5 MiB chunk is not one)
+	ruleType             // "type": tool-use block and event kinds
+	ruleRole             // "role": a tool or function message
+	ruleMethod           // "method": an MCP JSON-RPC method
+	ruleObjectKind       // "object": an LLM API object kind (chat.completion, thread.run)
+	ruleRunType          // "run_type": a LangChain run kind
+	ruleNever            // a human-input mode of "never"
 )
-
-// agg says how contributions of several keys combine into one dimension.
-type agg uint8
-
-const (
-	aggMax   agg = iota // the strongest key wins
-	aggCount            // distinct keys are counted, then mapped by countCurve
-	aggSum              // distinct keys' contributions add up, capped at 1
-)
-
-// aggOf gives each dimension its aggregation.
-func aggOf(dim uint8) agg {
-	switch dim {
-	case dimChunking, dimRetry, dimSampling:
-		return aggCount
-	case dimTrace:
-		return aggSum
-	}
-	return aggMax
-}
-
-// countCurve maps the number of distinct keys seen to a dimension value.
-// One chunking or retry key is already a whole signal (ordinary APIs do
-// not send them); one sampling key is half of one, since a thermostat may
-// well take a "temperature".
-func countCurve(dim uint8, n uint8) float64 {
-	switch {
-	case n == 0:
-		return 0
-	case dim != dimSampling:
-		return 1
-	case n == 1:
-		return 0.5
-	case n == 2:
-		return 0.8
-	}
-	return 1
-}
 
 // keySpec describes a key the scanner knows; id 0 means an unknown key.
 type keySpec struct {
-	id   uint8
-	dim  uint8
-	rule rule
+	id   uint8   // distinct per key (synonyms share one): a key counts once per body
+	dim  uint8   // the dimension it feeds (value rules may redirect)
+	rule rule    // how its value becomes a contribution
 	w    float64 // the key's strength within its dimension
 }
 
-// Key ids: distinct per key so count and sum dimensions count each key once.
-// The ones referenced as parents are named.
+// Key ids. The ones referenced as parents, and the ids value rules
+// contribute under, are named; the rest are numbered in lookupKey.
 const (
 	kNone uint8 = iota
 	kMetadata
 	kToolCalls
 	kFunction
 	kID
-	kFirstOther // ids from here on are assigned in lookupKey
+	kTypeTool     // type: tool_use, function_call, …
+	kTypeBuiltin  // type: web_search, code_interpreter, computer_…
+	kTypeAgentMsg // type: AutoGen TextMessage/HandoffMessage, LangChain human/ai
+	kIDCall       // id: "call_…", "toolu_…"
+	kIDLLM        // id: "chatcmpl-…", "asst_…", "resp_…"
+	kTools        // tools: a list of tool definitions
+	kFirstOther   // ids from here on are assigned in lookupKey
 )
 
 // lookupKey maps a normalised key (lower-case, '_', '-', '.' and spaces
 // removed) to its spec. A switch on string(b) neither allocates nor needs a
-// package-level map.
+// package-level map. Strengths say how specific a key is to agent traffic
+// within its dimension: 1 for keys only agent frameworks send, lower for
+// keys ordinary APIs share; the fitted weights then scale whole dimensions.
 func lookupKey(b []byte) keySpec {
 	const o = kFirstOther
 	switch string(b) {
-	// recursion depth
-	case "recursiondepth":
+	// recursion: loop, hop, iteration and turn bounds
+	case "recursiondepth", "recursionlimit", "maxrecursion", "maxrecursiondepth", "chaindepth", "maxchaindepth":
 		return keySpec{o + 0, dimRecursion, ruleDepth, 1}
-	case "recursionlimit":
+	case "maxhops", "maxloops":
 		return keySpec{o + 1, dimRecursion, ruleDepth, 1}
-	case "maxrecursion", "maxrecursiondepth":
+	case "maxiterations", "maxiter", "maxiters":
 		return keySpec{o + 2, dimRecursion, ruleDepth, 1}
-	case "maxhops":
+	case "maxturns", "maxround", "maxrounds", "maxconsecutiveautoreply":
 		return keySpec{o + 3, dimRecursion, ruleDepth, 1}
-	case "maxiterations":
+	case "maxdiscoverydepth", "maxcrawldepth":
 		return keySpec{o + 4, dimRecursion, ruleDepth, 1}
-	case "chaindepth", "maxchaindepth", "maxloops":
+	case "maxactionsperstep", "maxstepsperrun", "maxtoolcalls":
 		return keySpec{o + 5, dimRecursion, ruleDepth, 1}
-	case "maxdepth", "maxsteps", "hops":
+	case "maxsteps", "hops":
 		return keySpec{o + 6, dimRecursion, ruleDepth, 0.6}
+	case "maxdepth":
+		// A dive log and a tree model have a max_depth too.
+		return keySpec{o + 7, dimRecursion, ruleDepth, 0.5}
 	case "depth":
-		// Ordinary tree and filter APIs use "depth" too; it only hints.
-		return keySpec{o + 7, dimRecursion, ruleDepth, 0.3}
+		// Ordinary tree, filter and chess-engine APIs use "depth"; it only hints.
+		return keySpec{o + 8, dimRecursion, ruleDepth, 0.3}
 	case "recursive":
-		return keySpec{o + 8, dimRecursion, ruleTrue, 0.5}
+		return keySpec{o + 9, dimRecursion, ruleTrue, 0.5}
 
-	// non-interactive mode
-	case "mode", "runmode", "executionmode", "agentmode":
+	// non-interactive: batch, autonomous, crawler and headless runs
+	case "mode", "runmode", "executionmode", "agentmode", "agenttype", "agent", "process", "strategy":
 		return keySpec{o + 10, dimNonInteractive, ruleAgentMode, 1}
 	case "interactive", "humanintheloop":
 		return keySpec{o + 11, dimNonInteractive, ruleFalse, 1}
-	case "noninteractive", "headless", "unattended", "autonomous", "autoapprove", "autorun", "autoconfirm":
+	case "noninteractive", "unattended", "autonomous", "autoapprove", "autorun", "autoconfirm":
 		return keySpec{o + 12, dimNonInteractive, ruleTrue, 1}
 	case "requireapproval":
 		return keySpec{o + 13, dimNonInteractive, ruleFalse, 0.8}
+	case "humaninputmode":
+		return keySpec{o + 14, dimNonInteractive, ruleNever, 1}
+	case "headless":
+		// A headless CMS and a CI browser run are headless too.
+		return keySpec{o + 15, dimNonInteractive, ruleTrue, 0.6}
+	case "completionwindow":
+		return keySpec{o + 16, dimNonInteractive, rulePresent, 1}
+	case "inputfileid":
+		return keySpec{o + 17, dimNonInteractive, rulePresent, 0.6}
+	case "customid":
+		return keySpec{o + 18, dimNonInteractive, rulePresent, 0.5}
+	case "starturls":
+		return keySpec{o + 19, dimNonInteractive, ruleObject, 1}
+	case "maxcrawlpages", "maxrequestspercrawl", "maxpagespercrawl":
+		return keySpec{o + 20, dimNonInteractive, rulePositive, 1}
+	case "maxconcurrency":
+		return keySpec{o + 21, dimNonInteractive, rulePositive, 0.6}
+	case "onlymaincontent", "usevision", "enablewebsearch", "domsettletimeoutms":
+		return keySpec{o + 22, dimNonInteractive, ruleAny, 0.8}
+	case "scrapeoptions", "crawlerconfig", "browserconfig", "crawleroptions", "jsonoptions", "crawlconfig":
+		return keySpec{o + 23, dimNonInteractive, rulePresent, 0.8}
+	case "allowexternallinks", "allowbackwardlinks", "ignoresitemap", "ignoreinvalidurls":
+		return keySpec{o + 24, dimNonInteractive, ruleAny, 0.6}
+	case "proxyconfiguration", "proxylocation":
+		return keySpec{o + 25, dimNonInteractive, rulePresent, 0.6}
+	case "displaywidthpx", "displayheightpx", "displaynumber":
+		return keySpec{o + 26, dimNonInteractive, ruleNumber, 0.6}
+	case "asyncexecution":
+		return keySpec{o + 27, dimNonInteractive, ruleAny, 0.6}
 
 	// context inflation
 	case "contextwindow", "contextlength", "contextsize", "maxcontext", "maxcontextlength",
-		"maxcontexttokens", "numctx", "nctx", "ctxsize":
-		return keySpec{o + 15, dimContext, ruleContext, 1}
+		"maxcontexttokens", "numctx", "nctx", "ctxsize", "maxprompttokens", "maxinputtokens":
+		return keySpec{o + 30, dimContext, ruleContext, 1}
+	case "truncationstrategy":
+		return keySpec{o + 31, dimContext, rulePresent, 0.8}
 
-	// chunking
-	case "chunksize":
-		return keySpec{o + 20, dimChunking, rulePresent, 1}
+	// chunking and retrieval set-up
+	case "chunksize", "chunktokens", "chunklength":
+		return keySpec{o + 35, dimChunking, ruleChunkSize, 1}
 	case "chunkoverlap":
-		return keySpec{o + 21, dimChunking, rulePresent, 1}
+		return keySpec{o + 36, dimChunking, ruleAny, 1}
 	case "chunkstrategy", "chunkingstrategy", "chunking":
-		return keySpec{o + 22, dimChunking, rulePresent, 1}
-	case "chunktokens", "chunklength":
-		return keySpec{o + 23, dimChunking, rulePresent, 1}
-	case "textsplitter":
-		return keySpec{o + 24, dimChunking, rulePresent, 1}
+		return keySpec{o + 37, dimChunking, rulePresent, 1}
+	case "textsplitter", "nodeparser", "splitter":
+		return keySpec{o + 38, dimChunking, rulePresent, 1}
+	case "embeddingmodel", "embedmodel", "embeddings":
+		return keySpec{o + 39, dimChunking, rulePresent, 0.6}
+	case "similaritytopk", "fetchk", "searchkwargs":
+		return keySpec{o + 40, dimChunking, rulePresent, 0.6}
+	case "similaritythreshold":
+		return keySpec{o + 41, dimChunking, ruleNumber, 0.4}
 
-	// retry policy
+	// retry and rate policy
 	case "retrystrategy", "retrypolicy":
-		return keySpec{o + 30, dimRetry, rulePresent, 1}
-	case "maxretries", "retries":
-		return keySpec{o + 31, dimRetry, rulePresent, 1}
-	case "maxattempts":
-		return keySpec{o + 32, dimRetry, rulePresent, 1}
+		return keySpec{o + 45, dimRetry, rulePresent, 1}
+	case "maxretries":
+		return keySpec{o + 46, dimRetry, rulePresent, 1}
+	case "retries", "retry":
+		// CI runners, job queues and payment retries say this too.
+		return keySpec{o + 47, dimRetry, rulePresent, 0.5}
+	case "maxattempts", "maxrequestretries":
+		return keySpec{o + 48, dimRetry, rulePresent, 0.8}
 	case "backoff", "backofffactor", "backoffstrategy", "retrybackoff", "exponentialbackoff":
-		return keySpec{o + 33, dimRetry, rulePresent, 1}
+		return keySpec{o + 49, dimRetry, rulePresent, 0.6}
 	case "retrydelay", "retryon":
-		return keySpec{o + 34, dimRetry, rulePresent, 1}
+		return keySpec{o + 50, dimRetry, rulePresent, 0.6}
+	case "maxfailures":
+		return keySpec{o + 52, dimRetry, rulePositive, 0.8}
 
-	// tool-call identity
+	// tool-call identity and tool definitions
 	case "toolcallid", "tooluseid":
-		return keySpec{o + 40, dimToolCall, ruleToolID, 1}
+		return keySpec{o + 55, dimToolCall, ruleToolID, 1}
+	case "callid":
+		return keySpec{o + 56, dimToolCall, ruleCallID, 1}
 	case "toolcalls":
-		return keySpec{kToolCalls, dimToolCall, ruleList, 1}
+		return keySpec{kToolCalls, dimToolCall, ruleObject, 1}
 	case "functioncall", "toolcall":
-		return keySpec{o + 41, dimToolCall, rulePresent, 1}
+		return keySpec{o + 57, dimToolCall, rulePresent, 1}
 	case "function":
 		return keySpec{kFunction, dimToolCall, ruleFunction, 1}
+	case "functions":
+		return keySpec{o + 58, dimToolCall, ruleObject, 0.5}
 	case "toolchoice":
-		return keySpec{o + 42, dimToolCall, rulePresent, 0.8}
+		return keySpec{o + 59, dimToolCall, rulePresent, 0.8}
+	case "paralleltoolcalls":
+		return keySpec{o + 60, dimToolCall, ruleAny, 0.8}
 	case "toolname":
-		return keySpec{o + 43, dimToolCall, rulePresent, 0.5}
+		return keySpec{o + 61, dimToolCall, rulePresent, 0.5}
 	case "tools":
 		// A hardware shop sends "tools" too; alone it stays a hint.
-		return keySpec{o + 44, dimToolCall, ruleList, 0.25}
+		return keySpec{kTools, dimToolCall, ruleObject, 0.25}
+	case "tooloutputs", "requiredaction", "submittooloutputs":
+		return keySpec{o + 63, dimToolCall, rulePresent, 1}
+	case "toolresources", "inputschema", "toolinput":
+		return keySpec{o + 64, dimToolCall, rulePresent, 0.8}
+	case "arguments":
+		return keySpec{o + 65, dimToolCall, rulePresent, 0.4}
+	case "serverlabel":
+		return keySpec{o + 66, dimToolCall, rulePresent, 0.6}
+	case "protocolversion":
+		return keySpec{o + 67, dimToolCall, rulePresent, 0.5}
+	case "method":
+		return keySpec{o + 68, dimToolCall, ruleMethod, 1}
+	case "type":
+		return keySpec{kTypeTool, dimToolCall, ruleType, 1}
+	case "role":
+		return keySpec{o + 69, dimToolCall, ruleRole, 1}
 	case "id":
 		return keySpec{kID, dimToolCall, ruleNestedID, 1}
 
-	// model metadata
+	// model metadata and LLM settings
 	case "metadata":
 		return keySpec{kMetadata, dimMetadata, ruleNone, 0}
 	case "confidence", "confidencescore":
-		return keySpec{o + 50, dimMetadata, ruleConfidence, 1}
+		return keySpec{o + 75, dimMetadata, ruleConfidence, 1}
 	case "metadataconfidence":
-		return keySpec{o + 51, dimMetadata, ruleUnit, 1}
+		return keySpec{o + 76, dimMetadata, ruleUnit, 1}
 	case "systemfingerprint":
-		return keySpec{o + 52, dimMetadata, rulePresent, 1}
-	case "logprobs", "toplogprobs", "finishreason", "stopreason":
-		return keySpec{o + 53, dimMetadata, rulePresent, 0.8}
-	case "prompttokens", "completiontokens", "totaltokens":
-		return keySpec{o + 54, dimMetadata, rulePositive, 0.7}
+		return keySpec{o + 77, dimMetadata, rulePresent, 1}
+	case "logprobs", "toplogprobs":
+		return keySpec{o + 78, dimMetadata, rulePresent, 0.8}
+	case "finishreason", "stopreason":
+		return keySpec{o + 79, dimMetadata, rulePresent, 0.8}
+	case "prompttokens", "completiontokens", "totaltokens", "inputtokens", "outputtokens":
+		return keySpec{o + 80, dimMetadata, rulePositive, 0.7}
+	case "modelsusage", "tokenusage", "usagemetadata":
+		return keySpec{o + 81, dimMetadata, rulePresent, 1}
 	case "model", "modelname", "modelid":
-		return keySpec{o + 55, dimMetadata, ruleModelName, 0.7}
+		// A person in an LLM playground names a model too: a weak signal.
+		return keySpec{o + 82, dimMetadata, ruleModelName, 0.4}
+	case "llm", "managerllm", "functioncallingllm", "chatmodel", "llmmodel":
+		return keySpec{o + 83, dimMetadata, ruleLLM, 1}
+	case "provider":
+		return keySpec{o + 84, dimMetadata, ruleModelName, 0.6}
+	case "modelclient", "llmconfig", "configlist", "modelpreferences", "modelsettings", "modelkwargs":
+		return keySpec{o + 85, dimMetadata, rulePresent, 1}
+	case "object":
+		return keySpec{o + 86, dimMetadata, ruleObjectKind, 0.8}
 
 	// LLM sampling parameters
 	case "temperature":
-		return keySpec{o + 60, dimSampling, ruleTemperature, 1}
+		return keySpec{o + 90, dimSampling, ruleTemperature, 0.5}
 	case "topp", "typicalp", "minp":
-		return keySpec{o + 61, dimSampling, ruleUnit, 1}
+		return keySpec{o + 91, dimSampling, ruleUnit, 0.5}
 	case "topk":
-		return keySpec{o + 62, dimSampling, rulePositive, 1}
+		return keySpec{o + 92, dimSampling, rulePositive, 0.4}
 	case "maxtokens", "maxnewtokens", "maxcompletiontokens", "maxoutputtokens":
-		return keySpec{o + 63, dimSampling, rulePositive, 1}
+		return keySpec{o + 93, dimSampling, rulePositive, 0.5}
 	case "frequencypenalty", "presencepenalty":
-		return keySpec{o + 64, dimSampling, ruleNumber, 1}
+		return keySpec{o + 94, dimSampling, ruleNumber, 0.5}
 	case "repetitionpenalty", "repeatpenalty":
-		return keySpec{o + 65, dimSampling, ruleNumber, 1}
+		return keySpec{o + 95, dimSampling, ruleNumber, 0.5}
 	case "logitbias", "stopsequences":
-		return keySpec{o + 66, dimSampling, rulePresent, 1}
+		return keySpec{o + 96, dimSampling, rulePresent, 0.5}
+	case "responseformat":
+		return keySpec{o + 97, dimSampling, rulePresent, 0.6}
+	case "reasoningeffort", "budgettokens":
+		return keySpec{o + 98, dimSampling, rulePresent, 0.8}
+	case "reasoning", "thinking":
+		return keySpec{o + 99, dimSampling, ruleObject, 0.5}
+	case "streamoptions":
+		return keySpec{o + 100, dimSampling, rulePresent, 0.6}
 
-	// agent framework traces
-	case "intermediatesteps":
-		return keySpec{o + 70, dimTrace, rulePresent, 1}
-	case "agentscratchpad":
-		return keySpec{o + 71, dimTrace, rulePresent, 1}
+	// agent framework traces and agent definitions
+	case "intermediatesteps", "agentscratchpad":
+		return keySpec{o + 105, dimTrace, rulePresent, 1}
 	case "thought", "thoughts":
-		return keySpec{o + 72, dimTrace, rulePresent, 0.8}
+		// A journal entry has a thought too: alone it only hints.
+		return keySpec{o + 106, dimTrace, ruleText, 0.6}
 	case "observation", "observations":
-		return keySpec{o + 73, dimTrace, rulePresent, 0.8}
+		return keySpec{o + 107, dimTrace, ruleText, 0.6}
+	case "action", "actions":
+		// GitHub's "action": "opened" is a string; an agent's action is an
+		// object or a list of them.
+		return keySpec{o + 108, dimTrace, ruleObject, 0.5}
 	case "actioninput":
-		return keySpec{o + 74, dimTrace, rulePresent, 0.8}
+		return keySpec{o + 109, dimTrace, rulePresent, 0.8}
 	case "parentrunid":
-		return keySpec{o + 75, dimTrace, rulePresent, 0.8}
+		return keySpec{o + 110, dimTrace, rulePresent, 0.8}
 	case "scratchpad", "chainofthought":
-		return keySpec{o + 76, dimTrace, rulePresent, 0.8}
+		return keySpec{o + 111, dimTrace, rulePresent, 0.8}
 	case "runid":
-		return keySpec{o + 77, dimTrace, rulePresent, 0.5}
+		return keySpec{o + 112, dimTrace, rulePresent, 0.5}
 	case "callbacks":
-		return keySpec{o + 78, dimTrace, rulePresent, 0.5}
+		return keySpec{o + 113, dimTrace, rulePresent, 0.5}
 	case "traceid":
-		return keySpec{o + 79, dimTrace, rulePresent, 0.3}
+		return keySpec{o + 114, dimTrace, rulePresent, 0.3}
 	case "spanid":
-		return keySpec{o + 80, dimTrace, rulePresent, 0.2}
+		return keySpec{o + 115, dimTrace, rulePresent, 0.2}
+	case "runname", "dottedorder":
+		return keySpec{o + 116, dimTrace, rulePresent, 0.8}
+	case "runtype":
+		return keySpec{o + 117, dimTrace, ruleRunType, 1}
+	case "configurable", "checkpointid", "checkpointns":
+		return keySpec{o + 118, dimTrace, ruleAny, 0.8}
+	case "streammode", "interruptbefore", "interruptafter":
+		return keySpec{o + 119, dimTrace, rulePresent, 0.6}
+	case "assistantid":
+		return keySpec{o + 120, dimTrace, rulePresent, 0.8}
+	case "threadid":
+		// Forums and support desks have threads too.
+		return keySpec{o + 121, dimTrace, rulePresent, 0.3}
+	case "additionalinstructions", "systemprompt":
+		return keySpec{o + 122, dimTrace, rulePresent, 0.6}
+	case "stepdetails", "previousresponseid":
+		return keySpec{o + 123, dimTrace, rulePresent, 1}
+	case "maxrpm", "crew":
+		// CrewAI's agent and kickoff settings.
+		return keySpec{o + 51, dimTrace, ruleAny, 0.8}
+	case "backstory", "allowdelegation":
+		return keySpec{o + 124, dimTrace, ruleAny, 1}
+	case "expectedoutput", "crewoutput", "tasksoutput":
+		return keySpec{o + 125, dimTrace, rulePresent, 0.8}
+	case "currentstate", "modeloutput":
+		return keySpec{o + 126, dimTrace, ruleObject, 0.6}
+	case "nextgoal", "evaluationpreviousgoal", "navigationgoal", "dataextractiongoal":
+		return keySpec{o + 127, dimTrace, rulePresent, 1}
+	case "terminationcondition", "speakerselectionmethod", "allowrepeatspeaker":
+		return keySpec{o + 128, dimTrace, ruleAny, 0.8}
+	case "finalanswer":
+		return keySpec{o + 129, dimTrace, rulePresent, 0.6}
+	case "paststeps", "handleparsingerrors", "earlystoppingmethod":
+		return keySpec{o + 130, dimTrace, ruleAny, 0.8}
+	case "returnintermediatesteps":
+		return keySpec{o + 131, dimTrace, ruleAny, 1}
 	}
 	return keySpec{}
 }
 
-// agentMode reports whether a normalised mode value names a batch or
-// auto-chain kind ("batch_process" arrives as "batchprocess"); "dark",
-// "light", "auto" (a theme), "loop" (a player) and the like do not.
+// agentMode reports whether a normalised mode value names a batch,
+// auto-chain or agent kind ("batch_process" arrives as "batchprocess");
+// "dark", "light", "auto" (a theme), "loop" (a player), "payment" and
+// "setup" (a checkout), "analysis" (a chess board) and the like do not.
 func agentMode(v []byte) bool {
 	switch string(v) {
-	case "chain", "chained", "agent", "react", "swarm", "crew":
+	case "chain", "chained", "agent", "react", "swarm", "crew", "reflexion", "hierarchical":
 		return true
 	}
-	for _, p := range [...]string{"batch", "bulk", "autochain", "autonomous", "autopilot", "autorun", "agentic",
-		"multiagent", "pipeline", "headless", "noninteractive", "unattended"} {
+	if len(v) == 0 {
+		return false
+	}
+	// Prefixes, by first letter: this runs for every "mode" a body has.
+	var prefixes []string
+	switch v[0] {
+	case 'a':
+		prefixes = []string{"autochain", "autonomous", "autopilot", "autorun", "agentic"}
+	case 'b':
+		prefixes = []string{"batch", "bulk"}
+	case 'd':
+		prefixes = []string{"deep"}
+	case 'h':
+		prefixes = []string{"headless"}
+	case 'm':
+		prefixes = []string{"multiagent"}
+	case 'n':
+		prefixes = []string{"noninteractive"}
+	case 'o':
+		prefixes = []string{"openaitools", "openaifunctions"}
+	case 'p':
+		prefixes = []string{"pipeline", "planandexecute"}
+	case 'r':
+		prefixes = []string{"reactdocstore"}
+	case 's':
+		prefixes = []string{"structuredchat", "selfask"}
+	case 't':
+		prefixes = []string{"toolcalling"}
+	case 'u':
+		prefixes = []string{"unattended"}
+	case 'z':
+		prefixes = []string{"zeroshot"}
+	}
+	for _, p := range prefixes {
 		if bytes.HasPrefix(v, []byte(p)) {
 			return true
 		}
@@ -247,20 +386,172 @@ func agentMode(v []byte) bool {
 	return false
 }
 
-// llmModel reports whether a normalised model name names an LLM family.
+// llmModel reports whether a normalised model or provider name names an
+// LLM family or LLM provider anywhere in it ("us.anthropic.claude-3…",
+// "meta-llama/Llama-3…"). It looks for a family only where one could
+// start, by the letter it starts with: this runs for every "model" a body
+// has, so it avoids a substring search per family.
 func llmModel(v []byte) bool {
-	for _, f := range [...]string{"gpt", "claude", "llama", "mistral", "mixtral", "gemini", "gemma", "qwen", "deepseek", "phi3", "phi4", "command", "sonnet", "opus", "haiku"} {
-		if bytes.Contains(v, []byte(f)) {
-			return true
+	// OpenAI's reasoning models: o1, o3-mini, o4-mini…
+	if len(v) >= 2 && v[0] == 'o' && (v[1] == '1' || v[1] == '3' || v[1] == '4') && (len(v) == 2 || !isDigit(v[2])) {
+		return true
+	}
+	for i := range v {
+		var families []string
+		switch v[i] {
+		case 'a':
+			families = []string{"anthropic", "autogen"}
+		case 'c':
+			families = []string{"claude", "commandr"}
+		case 'd':
+			families = []string{"deepseek", "davinci"}
+		case 'g':
+			families = []string{"gpt", "gemini", "gemma", "grok"}
+		case 'h':
+			families = []string{"haiku"}
+		case 'l':
+			families = []string{"llama", "langchain"}
+		case 'm':
+			families = []string{"mistral", "mixtral"}
+		case 'o':
+			families = []string{"openai", "ollama", "opus"}
+		case 'p':
+			families = []string{"phi3", "phi4"}
+		case 'q':
+			families = []string{"qwen"}
+		case 's':
+			families = []string{"sonnet"}
+		default:
+			continue
+		}
+		for _, f := range families {
+			if bytes.HasPrefix(v[i:], []byte(f)) {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// contribution computes what one key's value adds to its dimension, already
-// scaled by the key's strength. It also captures the tool call id.
-func (s *scanner) contribution(k keySpec, parent uint8, v value) float64 {
-	var c float64
+// typeKind classifies a normalised "type" value: tool-use blocks and
+// events, built-in tools, agent-framework message kinds. Stripe's
+// "payment_intent.succeeded" or Slack's "event_callback" are none of them.
+func typeKind(v []byte) (id, dim uint8, c float64) {
+	switch string(v) {
+	case "tooluse", "toolresult", "functioncall", "functioncalloutput", "toolcall", "toolcalls",
+		"servertooluse", "mcpcall", "mcptoolcall", "computercall", "computercalloutput",
+		"toolcallrequestevent", "toolcallexecutionevent", "toolcallsummarymessage", "submittooloutputs":
+		return kTypeTool, dimToolCall, 1
+	case "websearch", "websearchpreview", "filesearch", "codeinterpreter", "mcp", "computerusepreview",
+		"computerscreenshot":
+		return kTypeBuiltin, dimToolCall, 0.6
+	case "handoffmessage", "textmessage", "stopmessage", "human", "ai":
+		return kTypeAgentMsg, dimTrace, 0.4
+	}
+	if len(v) == 0 || !isDigit(v[len(v)-1]) {
+		return 0, 0, 0
+	}
+	// Versioned Anthropic tools: computer_20250124, bash_20250124,
+	// text_editor_20250124, web_search_20250305.
+	for _, p := range [...]string{"computer", "bash", "texteditor", "websearch"} {
+		if len(v) > len(p) && bytes.HasPrefix(v, []byte(p)) && isDigit(v[len(p)]) {
+			return kTypeBuiltin, dimToolCall, 0.6
+		}
+	}
+	return 0, 0, 0
+}
+
+// mcpMethod rates a JSON-RPC method name: MCP's tool calls fully, its other
+// methods nearly; eth_getBalance or "subtract" not at all.
+func mcpMethod(v []byte) float64 {
+	if bytes.HasPrefix(v, []byte("tools/")) {
+		return 1
+	}
+	if string(v) == "initialize" {
+		return 0.8
+	}
+	for _, p := range [...]string{"resources/", "prompts/", "notifications/", "sampling/", "completion/",
+		"logging/", "roots/", "elicitation/"} {
+		if bytes.HasPrefix(v, []byte(p)) {
+			return 0.8
+		}
+	}
+	return 0
+}
+
+// objectKind rates an "object" value naming an LLM API object.
+func objectKind(v []byte) float64 {
+	switch {
+	case bytes.HasPrefix(v, []byte("chatcompletion")), bytes.HasPrefix(v, []byte("thread")),
+		bytes.HasPrefix(v, []byte("assistant")), string(v) == "response", string(v) == "textcompletion":
+		return 1
+	}
+	return 0
+}
+
+// idKind classifies an "id" value by the prefixes LLM APIs give their
+// objects: call_ and toolu_ (tool calls), chatcmpl-, asst_, resp_.
+func idKind(raw []byte) (id, dim uint8, c float64) {
+	switch {
+	case bytes.HasPrefix(raw, []byte("call_")), bytes.HasPrefix(raw, []byte("toolu_")), bytes.HasPrefix(raw, []byte("fc_")):
+		return kIDCall, dimToolCall, 0.8
+	case bytes.HasPrefix(raw, []byte("chatcmpl-")), bytes.HasPrefix(raw, []byte("asst_")), bytes.HasPrefix(raw, []byte("resp_")):
+		return kIDLLM, dimMetadata, 0.8
+	}
+	return 0, 0, 0
+}
+
+// toolIDLike reports whether a raw id looks like an LLM tool call id.
+func toolIDLike(raw []byte) bool {
+	return bytes.HasPrefix(raw, []byte("call_")) || bytes.HasPrefix(raw, []byte("toolu_"))
+}
+
+// settled reports whether key k can add nothing more to this body: it has
+// counted already, or its dimension is full, and, for the rules whose value
+// picks the key id they count under or captures the tool call id, nothing
+// is left to pick or capture. Keys repeated in every message of a history
+// then cost a lookup and nothing else.
+func (s *scanner) settled(k keySpec) bool {
+	switch k.rule {
+	case ruleType:
+		tool := s.full(dimToolCall) || s.seenID(kTypeTool) && s.seenID(kTypeBuiltin)
+		return tool && (s.full(dimTrace) || s.seenID(kTypeAgentMsg))
+	case ruleNestedID:
+		return s.out.toolLen > 0 && (s.full(dimToolCall) || s.seenID(kIDCall)) &&
+			(s.full(dimMetadata) || s.seenID(kIDLLM))
+	case ruleToolID, ruleCallID:
+		return s.out.toolLen > 0 && (s.full(k.dim) || s.seenID(k.id))
+	}
+	return s.full(k.dim) || s.seenID(k.id)
+}
+
+// full reports whether dimension dim is already at 1, where nothing can
+// raise it further (a noisy-OR with a contribution of 1 may round to just
+// below 1).
+func (s *scanner) full(dim uint8) bool { return s.out.vec[dim] >= 1-1e-9 }
+
+// seenID reports whether key id has counted in this body.
+func (s *scanner) seenID(id uint8) bool {
+	return s.seen[id/64]&(uint64(1)<<(id%64)) != 0
+}
+
+// normValue normalises a string value as keys are (lower case, no '_',
+// '-', '.' or spaces), into buf unless it already is ("assistant",
+// "function": most values a rule reads).
+func normValue(v value, buf *[normCap]byte) []byte {
+	if plainKey(v.raw) {
+		return v.raw
+	}
+	n, _ := normalize(v.raw, buf)
+	return buf[:n]
+}
+
+// contribution computes what one key's value adds, already scaled by the
+// key's strength, and under which key id and dimension it counts (value
+// rules may redirect). It also captures the tool call id.
+func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id, dim uint8) {
+	id, dim = k.id, k.dim
+	var buf [normCap]byte
 	switch k.rule {
 	case ruleDepth:
 		if v.isNum {
@@ -275,13 +566,25 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) float64 {
 	case ruleFalse:
 		if v.kind == vFalse {
 			c = 1
+		} else if v.kind == vString && string(normValue(v, &buf)) == "never" {
+			c = 1
 		}
-	case ruleAgentMode:
-		if v.kind == vString {
-			var buf [normCap]byte
-			if n, ok := normalize(v.raw, &buf); ok && agentMode(buf[:n]) {
+	case ruleNever:
+		if v.kind == vString && string(normValue(v, &buf)) == "never" {
+			c = 1
+		}
+	case ruleAny:
+		switch v.kind {
+		case vTrue, vFalse, vNumber:
+			c = 1
+		default:
+			if v.present() || v.kind == vString {
 				c = 1
 			}
+		}
+	case ruleAgentMode:
+		if v.kind == vString && agentMode(normValue(v, &buf)) {
+			c = 1
 		}
 	case ruleContext:
 		if v.isNum && v.num > 4096 {
@@ -291,30 +594,54 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) float64 {
 		if v.present() {
 			c = 1
 		}
+	case ruleObject:
+		if (v.kind == vArray || v.kind == vObject) && !v.empty {
+			c = 1
+		}
+	case ruleText:
+		if (v.kind == vString && len(v.raw) > 0) || (v.kind == vArray && !v.empty) {
+			c = 1
+		}
 	case ruleToolID:
 		if v.kind == vString && len(v.raw) > 0 {
 			s.captureToolID(v)
 			c = 1
 		}
-	case ruleList:
-		if (v.kind == vArray || v.kind == vObject) && !v.empty {
-			c = 1
+	case ruleCallID:
+		// A phone call's call_id is not a tool call; OpenAI's and
+		// Anthropic's ids have their own prefixes.
+		if v.kind == vString && len(v.raw) > 0 {
+			c = 0.4
+			if toolIDLike(v.raw) {
+				s.captureToolID(v)
+				c = 1
+			}
 		}
 	case ruleFunction:
 		switch {
 		case parent == kToolCalls && v.present():
 			c = 1
+		case parent == kTools && v.present():
+			// A tool definition: {"type":"function","function":{…}}.
+			c = 0.8
 		case v.kind == vObject && !v.empty:
-			c = 0.6
+			// A spreadsheet's function object looks the same.
+			c = 0.4
 		case v.kind == vString && len(v.raw) > 0:
 			c = 0.2
 		}
 	case ruleNestedID:
-		// An "id" means nothing by itself; inside tool_calls it is the
-		// tool call's identity, which the queue serialises on.
-		if parent == kToolCalls && v.kind == vString && len(v.raw) > 0 {
+		// An "id" means nothing by itself; inside tool_calls, or shaped
+		// like one, it is a tool call's identity, which the queue
+		// serialises on.
+		if v.kind != vString || len(v.raw) == 0 {
+			return 0, id, dim
+		}
+		if parent == kToolCalls || toolIDLike(v.raw) {
 			s.captureToolID(v)
 		}
+		id, dim, c = idKind(v.raw)
+		return c * k.w, id, dim
 	case ruleTemperature:
 		if v.isNum && v.num >= 0 && v.num <= 2 {
 			c = 1
@@ -339,14 +666,62 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) float64 {
 			}
 		}
 	case ruleModelName:
+		// A car's "model": "Corolla" must not count; only LLM names do.
+		if v.kind == vString && llmModel(normValue(v, &buf)) {
+			c = 1
+		}
+	case ruleLLM:
+		switch {
+		case v.kind == vString && llmModel(normValue(v, &buf)):
+			c = 1
+		case v.present():
+			c = 0.6
+		}
+	case ruleChunkSize:
+		switch {
+		case v.isNum && v.num > 0 && v.num <= 32768:
+			c = 1
+		case v.isNum && v.num > 0:
+			// Upload APIs cut files into megabyte chunks.
+			c = 0.2
+		case v.kind == vString && len(v.raw) > 0 && !v.isNum:
+			c = 1
+		}
+	case ruleType:
+		if v.kind != vString {
+			return 0, id, dim
+		}
+		switch string(v.raw) {
+		case "function", "text", "object", "string", "array", "message", "number", "integer", "boolean":
+			// The commonest values by far (JSON Schema types, OpenAI tool
+			// definitions, text blocks) name no tool use: settle them
+			// before normalising.
+			return 0, id, dim
+		}
+		id, dim, c = typeKind(normValue(v, &buf))
+		return c * k.w, id, dim
+	case ruleRole:
 		if v.kind == vString {
-			// A car's "model": "Corolla" must not count; only LLM names do.
-			var buf [normCap]byte
-			n, _ := normalize(v.raw, &buf)
-			if llmModel(buf[:n]) {
+			switch string(normValue(v, &buf)) {
+			case "tool", "function":
+				c = 1
+			}
+		}
+	case ruleMethod:
+		if v.kind == vString && len(v.raw) < normCap {
+			c = mcpMethod(v.raw)
+		}
+	case ruleObjectKind:
+		if v.kind == vString {
+			c = objectKind(normValue(v, &buf))
+		}
+	case ruleRunType:
+		if v.kind == vString {
+			switch string(normValue(v, &buf)) {
+			case "chain", "llm", "tool", "retriever", "agent", "prompt", "parser", "embedding":
 				c = 1
 			}
 		}
 	}
-	return clamp01(c) * k.w
+	return clamp01(c) * k.w, id, dim
 }

@@ -1,87 +1,50 @@
 package aitf
 
 import (
+	"bytes"
+	"hash/maphash"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
-// lru is a size-capped least-recently-used table. Entries live in one slice
-// linked by index, so a full table recycles its oldest slot instead of
-// allocating, and the garbage collector sees one object, not a million.
+// lru is a size-capped least-recently-used table of per-key state, on
+// hashicorp/golang-lru's simplelru (the caller holds the lock). State lives
+// behind a pointer so touch can hand it out for updating in place, and the
+// state of an evicted key is recycled for the next new key, so a full table
+// allocates only the library's list entry per new key.
 type lru[K comparable, V any] struct {
-	cap        int
-	index      map[K]int32
-	nodes      []lruNode[K, V]
-	head, tail int32 // most and least recently used; -1 when empty
-}
-
-type lruNode[K comparable, V any] struct {
-	key        K
-	val        V
-	prev, next int32
+	l     *simplelru.LRU[K, *V]
+	spare *V // the last evicted state, zeroed and reused by touch
 }
 
 // newLRU returns an empty table holding at most capacity entries.
 func newLRU[K comparable, V any](capacity int) *lru[K, V] {
-	capacity = max(capacity, 1)
-	return &lru[K, V]{
-		cap:   capacity,
-		index: make(map[K]int32, min(capacity, 1024)),
-		head:  -1,
-		tail:  -1,
-	}
+	t := &lru[K, V]{}
+	// NewLRU fails only for a size below 1, which max rules out.
+	t.l, _ = simplelru.NewLRU(max(capacity, 1), func(_ K, v *V) { t.spare = v })
+	return t
 }
 
 // Len returns the number of entries held.
-func (l *lru[K, V]) Len() int { return len(l.index) }
+func (t *lru[K, V]) Len() int { return t.l.Len() }
 
 // touch returns the entry for key, marked most recently used. A new entry is
 // zeroed (evicting the least recently used one when full); existed says which.
-func (l *lru[K, V]) touch(key K) (v *V, existed bool) {
-	if i, ok := l.index[key]; ok {
-		l.unlink(i)
-		l.pushFront(i)
-		return &l.nodes[i].val, true
+func (t *lru[K, V]) touch(key K) (v *V, existed bool) {
+	if v, ok := t.l.Get(key); ok {
+		return v, true
 	}
-	var i int32
-	if len(l.nodes) < l.cap {
-		l.nodes = append(l.nodes, lruNode[K, V]{})
-		i = int32(len(l.nodes) - 1)
+	v, t.spare = t.spare, nil
+	if v == nil {
+		v = new(V)
 	} else {
-		i = l.tail
-		l.unlink(i)
-		delete(l.index, l.nodes[i].key)
+		var zero V
+		*v = zero
 	}
-	l.nodes[i] = lruNode[K, V]{key: key}
-	l.index[key] = i
-	l.pushFront(i)
-	return &l.nodes[i].val, false
-}
-
-func (l *lru[K, V]) unlink(i int32) {
-	n := &l.nodes[i]
-	if n.prev >= 0 {
-		l.nodes[n.prev].next = n.next
-	} else {
-		l.head = n.next
-	}
-	if n.next >= 0 {
-		l.nodes[n.next].prev = n.prev
-	} else {
-		l.tail = n.prev
-	}
-}
-
-func (l *lru[K, V]) pushFront(i int32) {
-	n := &l.nodes[i]
-	n.prev, n.next = -1, l.head
-	if l.head >= 0 {
-		l.nodes[l.head].prev = i
-	}
-	l.head = i
-	if l.tail < 0 {
-		l.tail = i
-	}
+	t.l.Add(key, v)
+	return v, false
 }
 
 // Behaviour thresholds.
@@ -137,6 +100,18 @@ func (m *memory) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.visitors.Len()
+}
+
+// behaviour records one request of visitor at now (its body, its scan and
+// its URL path) and fills vec's behaviour dimensions. The Guard and the
+// score command's session replay both go through here.
+func (m *memory) behaviour(vec *Vector, sr scanResult, visitor string, now time.Time, seed maphash.Seed, body []byte, path string) {
+	cand := sr.enum
+	if !cand.ok {
+		cand = enumOf(lastSegment(path))
+	}
+	hasBody := len(bytes.TrimSpace(body)) > 0
+	vec[dimEnumeration], vec[dimRepeat], vec[dimBurst] = m.observe(visitor, now, maphash.Bytes(seed, body), hasBody, cand)
 }
 
 // observe records one request of a visitor and returns its behaviour

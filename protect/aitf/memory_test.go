@@ -1,8 +1,11 @@
 package aitf
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -31,7 +34,7 @@ func TestLRU(t *testing.T) {
 	}{{"a", true}, {"c", true}, {"d", true}, {"b", false}}
 	for _, tc := range tests {
 		t.Run(tc.key, func(t *testing.T) {
-			if _, ok := l.index[tc.key]; ok != tc.want {
+			if ok := l.l.Contains(tc.key); ok != tc.want {
 				t.Errorf("%s held = %v, want %v", tc.key, ok, tc.want)
 			}
 		})
@@ -55,9 +58,39 @@ func TestMemoryCap(t *testing.T) {
 	if n := m.Len(); n != capacity {
 		t.Fatalf("%d entries after %d visitors, want exactly the cap %d", n, visitors, capacity)
 	}
-	if len(m.visitors.nodes) != capacity {
-		t.Fatalf("%d nodes allocated, want %d", len(m.visitors.nodes), capacity)
+}
+
+// BenchmarkMemoryObserve measures one request through the behaviour memory
+// (hashicorp/golang-lru underneath): a returning visitor, and a stream of
+// new visitors that keeps a full table evicting.
+func BenchmarkMemoryObserve(b *testing.B) {
+	const capacity = 100_000
+	now := time.Unix(1_800_000_000, 0)
+	keys := make([]string, 2*capacity)
+	for i := range keys {
+		keys[i] = "visitor-" + strconv.Itoa(i)
 	}
+	b.Run("returning", func(b *testing.B) {
+		m := newMemory(capacity)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			m.observe(keys[i%1000], now, uint64(i), true, enumCand{})
+			i++
+		}
+	})
+	b.Run("new-evicting", func(b *testing.B) {
+		m := newMemory(capacity)
+		for i := range capacity {
+			m.observe(keys[i], now, 1, true, enumCand{})
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			m.observe(keys[i%len(keys)], now, uint64(i), true, enumCand{})
+			i++
+		}
+	})
 }
 
 func TestMemoryBehaviour(t *testing.T) {
@@ -203,5 +236,37 @@ func TestEnumOf(t *testing.T) {
 	}
 	if enumOf("doc_1234").prefix != enumOf("DOC_5678").prefix {
 		t.Error("prefix hash depends on case")
+	}
+}
+
+// TestBehaviourOnTheDefaultClock runs a Guard whose behaviour memory reads
+// time.Now (Options.Now unset) in a synctest bubble: time.Sleep there only
+// moves the bubble's fake clock, so the pacing is exact and costs nothing.
+func TestBehaviourOnTheDefaultClock(t *testing.T) {
+	tests := []struct {
+		name      string
+		gap       time.Duration
+		wantBurst float64
+	}{
+		{"twelve requests in 600 ms after silence", 50 * time.Millisecond, 1},
+		{"twelve requests a second apart", time.Second, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := New(Options{VisitorKey: func(*http.Request) string { return visitorHash }})
+				var last Result
+				h := g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					last, _ = FromContext(r.Context())
+				}))
+				for i := range 12 {
+					h.ServeHTTP(httptest.NewRecorder(), post(`{"q":"`+strconv.Itoa(i)+`"}`))
+					time.Sleep(tc.gap)
+				}
+				if got := last.Vector[dimBurst]; got != tc.wantBurst {
+					t.Errorf("burst = %.2f, want %.2f (vector %s)", got, tc.wantBurst, last.Vector)
+				}
+			})
+		})
 	}
 }

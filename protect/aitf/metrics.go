@@ -6,6 +6,10 @@ import (
 	"faregate/protect/promreg"
 )
 
+// scoreBuckets are the score histogram's upper bounds, written out so their
+// labels read le="0.3", not the float sum of repeated 0.1 steps.
+var scoreBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1}
+
 // metrics are the Guard's Prometheus collectors, all prefixed faregate_aitf_.
 type metrics struct {
 	score    *prometheus.HistogramVec
@@ -31,8 +35,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return &metrics{
 		score: promreg.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "faregate", Subsystem: "aitf", Name: "score",
-			Help:    "AI-traffic score of requests, per route.",
-			Buckets: prometheus.LinearBuckets(0.1, 0.1, 10),
+			Help: "AI-traffic score of requests, per route.",
+			// Literal boundaries: LinearBuckets adds 0.1 ten times and
+			// prints labels such as le="0.30000000000000004".
+			Buckets: scoreBuckets,
 		}, route)),
 		delayed:  counter("delayed_total", "Requests held in the delay queue (enforce mode)."),
 		degraded: counter("degraded_total", "Requests passed without delay but marked degraded because the queue was long."),

@@ -237,7 +237,8 @@ func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), e
 // countToolCall counts one queueing of a tool_call_id (every Admit of it
 // that is not refused, whatever it then waits for) and raises the
 // operator's alert on the 16th within a window: one WARN line, one metric
-// increment, per id per window.
+// increment and one Options.ToolCallLoop call, per id per window. The
+// count is kept per id, so the line is rate-limited per id.
 func (g *Guard) countToolCall(r *http.Request, id, route string) {
 	n := g.alerts.count(maphash.String(g.seed, id), g.o.Now())
 	if n != alertAfter+1 {
@@ -247,6 +248,9 @@ func (g *Guard) countToolCall(r *http.Request, id, route string) {
 	g.o.Logger.WarnContext(r.Context(), "aitf: tool_call_id queued repeatedly",
 		"visitor", g.o.VisitorKey(r), "route", route, "count", n,
 		"window", alertWindow.String())
+	if g.o.ToolCallLoop != nil {
+		g.o.ToolCallLoop(r.Context(), id, int(n))
+	}
 }
 
 // Delay is middleware that calls Admit and then next, releasing the

@@ -85,9 +85,7 @@ type scanner struct {
 	out     scanResult
 	objects [maxTracked / 64]uint64 // bit set: the container at that depth is an object
 	parents [maxParents]uint8       // key id that opened the container at that depth
-	seen    [4]uint64               // key ids already counted (count and sum dimensions)
-	count   [dimCount]uint8
-	sum     [dimCount]float64
+	seen    [4]uint64               // key ids already counted
 }
 
 // scan reads body once and returns the body dimensions, the tool call id's
@@ -95,7 +93,6 @@ type scanner struct {
 func scan(body []byte) scanResult {
 	var s scanner
 	s.run(body)
-	s.finish()
 	return s.out
 }
 
@@ -106,7 +103,8 @@ func (s *scanner) run(b []byte) {
 		depth     int
 		inObj     bool    // the innermost container is an object
 		expectKey bool    // the next string is a key (in an object, after '{', ',' or a value)
-		pend      keySpec // the known key waiting for its value
+		pend      keySpec // the known key waiting for its value (id 0 once settled)
+		pendKey   uint8   // the waiting key's id even when settled: the parent of the container it opens
 		pendIDKey bool    // the waiting key ends in "id": a numeric value may be enumerated
 		pendRaw   []byte  // the waiting key as written; its hash is the enumeration prefix for numbers
 		i         int     // read position
@@ -121,10 +119,11 @@ func (s *scanner) run(b []byte) {
 			// that case is checked here, inline, the rest in stringEnd.
 			end := -1
 			if i+9 <= len(b) {
-				if m := quoteBytes(binary.LittleEndian.Uint64(b[i+1:])); m != 0 {
-					if q := i + 1 + bits.TrailingZeros64(m)/8; b[q-1] != '\\' {
-						end = q
-					}
+				if m := quoteBytes(binary.LittleEndian.Uint64(b[i+1:])); m == 0 {
+					// No quote in the first eight bytes: search on from there.
+					end = stringEndAfter(b, i+1, i+9)
+				} else if q := i + 1 + bits.TrailingZeros64(m)/8; b[q-1] != '\\' {
+					end = q
 				}
 			}
 			if end < 0 {
@@ -133,6 +132,12 @@ func (s *scanner) run(b []byte) {
 			raw := b[i+1 : end]
 			if expectKey {
 				pend, pendIDKey = keyOf(raw)
+				pendKey = pend.id
+				if pend.id != kNone && s.settled(pend) {
+					// Nothing left for this key to add: its value is
+					// skipped as an unknown key's is.
+					pend.id = kNone
+				}
 				pendRaw = raw
 				expectKey = false
 				i = end + 1
@@ -162,7 +167,9 @@ func (s *scanner) run(b []byte) {
 			var parent uint8
 			if pend.id != kNone {
 				s.apply(pend, s.parent(depth), value{kind: kind, empty: emptyContainer(b, i+1)})
-				parent = pend.id
+			}
+			if pendKey != kNone {
+				parent = pendKey
 			} else if depth > 0 && !inObj {
 				// Elements of an array belong to the array's key, so
 				// tool_calls[0].function is still inside tool_calls.
@@ -182,7 +189,7 @@ func (s *scanner) run(b []byte) {
 				s.parents[depth] = parent
 			}
 			expectKey = inObj
-			pend, pendIDKey = keySpec{}, false
+			pend, pendKey, pendIDKey = keySpec{}, kNone, false
 			i++
 			continue
 		case '}', ']':
@@ -225,7 +232,7 @@ func (s *scanner) run(b []byte) {
 		// A value, a closer or a comma ends the pending key; in an object
 		// the next string is a key again (which also copes with missing
 		// commas).
-		pend, pendIDKey = keySpec{}, false
+		pend, pendKey, pendIDKey = keySpec{}, kNone, false
 		expectKey = inObj
 		if i < len(b) && b[i] == ',' {
 			i++ // the usual comma, without another trip round the loop
@@ -246,42 +253,20 @@ func (s *scanner) parent(depth int) uint8 {
 	return kNone
 }
 
-// apply folds one key's value into its dimension.
+// apply folds one key's value into its dimension; run has skipped the
+// keys already settled. Distinct keys of one
+// dimension add up with diminishing returns, as a noisy-OR of their
+// contributions (0.6 and 0.5 make 0.8); a key counts once per body, so a
+// field repeated in every message of a history is not more evidence.
 func (s *scanner) apply(k keySpec, parent uint8, v value) {
-	// Keys repeated in every message of a history are settled after the
-	// first: skip them before looking at their values.
-	word, bit := k.id/64, uint64(1)<<(k.id%64)
-	a := aggOf(k.dim)
-	switch {
-	case a == aggMax && s.out.vec[k.dim] >= k.w && (s.out.toolLen > 0 || (k.rule != ruleToolID && k.rule != ruleNestedID)):
-		return
-	case a != aggMax && s.seen[word]&bit != 0:
+	c, id, dim := s.contribution(k, parent, v)
+	word, bit := id/64, uint64(1)<<(id%64)
+	if c <= 0 || s.seen[word]&bit != 0 {
 		return
 	}
-	c := s.contribution(k, parent, v)
-	if c <= 0 {
-		return
-	}
-	if a == aggMax {
-		s.out.vec[k.dim] = max(s.out.vec[k.dim], c)
-		return
-	}
-	// Count and sum dimensions count each key once.
 	s.seen[word] |= bit
-	s.count[k.dim]++
-	s.sum[k.dim] += c
-}
-
-// finish turns counts and sums into dimension values.
-func (s *scanner) finish() {
-	for d := uint8(0); d < dimCount; d++ {
-		switch aggOf(d) {
-		case aggCount:
-			s.out.vec[d] = countCurve(d, s.count[d])
-		case aggSum:
-			s.out.vec[d] = clamp01(s.sum[d])
-		}
-	}
+	d := s.out.vec[dim]
+	s.out.vec[dim] = d + c - d*c
 }
 
 // captureToolID remembers the first tool call id's position.
@@ -427,8 +412,11 @@ func hex4(raw []byte, j int) (rune, bool) {
 // for a quote eight bytes at a time, long ones (tokens,
 // message texts) with IndexByte; a quote preceded by an odd run of
 // backslashes is escaped.
-func stringEnd(b []byte, start int) int {
-	j := start
+func stringEnd(b []byte, start int) int { return stringEndAfter(b, start, start) }
+
+// stringEndAfter is stringEnd for a string whose bytes before j hold no
+// quote.
+func stringEndAfter(b []byte, start, j int) int {
 	for j+8 <= len(b) && j < start+32 {
 		m := quoteBytes(binary.LittleEndian.Uint64(b[j:]))
 		if m == 0 {

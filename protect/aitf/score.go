@@ -1,5 +1,8 @@
 package aitf
 
+// weights.go is the output of the fit on the corpus's training part.
+//go:generate go test -run ^TestFitWeights$ -update-weights
+
 import (
 	"math"
 	"strconv"
@@ -39,24 +42,6 @@ var Dimensions = [dimCount]string{
 	"burst",
 }
 
-// weights are the w_i of the noisy-OR; the package documentation's table is
-// the reference. Every weight is below 1 so the score never reaches 1, and
-// at least 0.45 so three full signals reach 0.8.
-var weights = [dimCount]float64{
-	dimRecursion:      0.65,
-	dimNonInteractive: 0.50,
-	dimContext:        0.45,
-	dimChunking:       0.45,
-	dimRetry:          0.45,
-	dimToolCall:       0.70,
-	dimMetadata:       0.50,
-	dimSampling:       0.50,
-	dimTrace:          0.50,
-	dimEnumeration:    0.50,
-	dimRepeat:         0.50,
-	dimBurst:          0.50,
-}
-
 // Vector is the 12-dimension fingerprint of one request, each entry in [0,1],
 // in the order of Dimensions.
 type Vector [dimCount]float64
@@ -81,14 +66,35 @@ func Score(body []byte) (float64, Vector) {
 	return combine(r.vec), r.vec
 }
 
-// combine is the weighted noisy-OR: 1 − Π(1 − w_i·d_i).
+// combine is the fitted logistic model, measured from its no-evidence
+// baseline: with z = bias + Σ w_i·d_i and p = σ(z),
+//
+//	score = (p − σ(bias)) / (1 − σ(bias))
+//
+// so a body with no signal at all scores exactly 0, every weight being
+// non-negative each dimension can only raise the score, and the score
+// stays in [0,1]. σ(bias) is small, so the score is within a few
+// hundredths of the fitted probability p.
 func combine(v Vector) float64 {
-	p := 1.0
+	z := bias
 	for i, d := range v {
-		p *= 1 - weights[i]*clamp01(d)
+		// Most dimensions are 0; NaN, which a hostile number could
+		// produce, fails d > 0 and counts as no signal.
+		if d > 0 {
+			z += weights[i] * min(d, 1)
+		}
 	}
-	return clamp01(1 - p)
+	if z <= bias {
+		return 0
+	}
+	return clamp01((sigmoid(z) - baseline) / (1 - baseline))
 }
+
+// baseline is σ(bias), the fitted probability of a body with no signal.
+var baseline = sigmoid(bias)
+
+// sigmoid is the logistic function.
+func sigmoid(z float64) float64 { return 1 / (1 + math.Exp(-z)) }
 
 // clamp01 maps x into [0,1]; NaN, which a hostile number could produce,
 // counts as no signal.

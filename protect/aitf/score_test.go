@@ -59,15 +59,53 @@ func TestScoreCalibration(t *testing.T) {
 
 	strong := []struct{ name, body string }{
 		{"tool_call_id", `{"tool_call_id":"call_abc123","content":"42"}`},
-		{"recursion_depth 3", `{"query":"lisbon","recursion_depth":3}`},
-		{"recursion_depth 8", `{"recursion_depth":8}`},
-		{"max_hops", `{"max_hops":4}`},
 		{"tool_calls", `{"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]}`},
+		{"MCP tools/call", `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"create_task"}}`},
+		{"Anthropic tool_result block", `{"type":"tool_result","tool_use_id":"toolu_01","content":"ok"}`},
+		{"Responses call_id", `{"call_id":"call_Hn2kQ8","output":"{}"}`},
+		{"intermediate_steps", `{"input":"x","intermediate_steps":[["search","Lisbon"]]}`},
+		{"CrewAI backstory", `{"role":"Researcher","backstory":"A veteran."}`},
+		{"browser-use next_goal", `{"current_state":{"next_goal":"open the page"}}`},
+		{"agent mode", `{"query":"trams","mode":"deep_research"}`},
 	}
 	for _, tc := range strong {
 		t.Run("one strong/"+tc.name, func(t *testing.T) {
 			if s, v := Score([]byte(tc.body)); s < 0.6 {
 				t.Errorf("score %.3f < 0.6, vector %s", s, v)
+			}
+		})
+	}
+
+	// Issue #13: two weak signals, even from one family, add up.
+	weakPairs := []struct{ name, body string }{
+		{"seed: deep_analysis and max_retries", `{"mode": "deep_analysis", "max_retries": 5}`},
+		{"chunk_size and chunk_overlap", `{"chunk_size":512,"chunk_overlap":64}`},
+		{"recursion_depth and a model", `{"recursion_depth":3,"model":"gpt-4o-mini"}`},
+		{"max_iterations and temperature", `{"max_iterations":5,"temperature":0.2}`},
+		{"thought and action", `{"thought":"search first","action":{"name":"search"}}`},
+	}
+	for _, tc := range weakPairs {
+		t.Run("weak pair/"+tc.name, func(t *testing.T) {
+			if s, v := Score([]byte(tc.body)); s < DefaultThreshold {
+				t.Errorf("score %.3f < %.1f, vector %s", s, DefaultThreshold, v)
+			}
+		})
+	}
+
+	// People and ordinary jobs that carry one or two of the same words.
+	people := []struct{ name, body string }{
+		{"LLM playground turn", `{"model":"gpt-4o-mini","temperature":0.7,"messages":[{"role":"user","content":"a haiku"}]}`},
+		{"CI end-to-end run", `{"suite":"checkout","browser":"chromium","headless":true,"retries":2}`},
+		{"job queue retry", `{"opts":{"attempts":5,"backoff":{"type":"exponential","delay":1000}}}`},
+		{"journal thought", `{"mood":"hopeful","thought":"Grateful for the walk."}`},
+		{"recursion alone", `{"recursion_depth":3}`},
+		{"upload chunk", `{"upload_id":"u1","chunk_index":3,"chunk_size":5242880}`},
+		{"phone call", `{"call_id":"c-20260101-7781","duration":184}`},
+	}
+	for _, tc := range people {
+		t.Run("under the threshold/"+tc.name, func(t *testing.T) {
+			if s, v := Score([]byte(tc.body)); s >= DefaultThreshold {
+				t.Errorf("score %.3f ≥ %.1f, vector %s", s, DefaultThreshold, v)
 			}
 		})
 	}
@@ -93,13 +131,13 @@ func TestScoreCalibration(t *testing.T) {
 			`"max_retries":9,"backoff":"x","tool_call_id":"c","metadata":{"confidence":1},"temperature":1,"top_p":1,` +
 			`"max_tokens":9,"run_id":"r","thought":"t","observation":"o","agent_scratchpad":"s"}`
 		s, v := Score([]byte(body))
-		if s >= 1 || s < 0.99 {
-			t.Errorf("score %v, want in [0.99,1), vector %s", s, v)
+		if s > 1 || s < 0.99 {
+			t.Errorf("score %v, want in [0.99,1], vector %s", s, v)
 		}
 		full := v
 		full[dimEnumeration], full[dimRepeat], full[dimBurst] = 1, 1, 1
-		if c := combine(full); c >= 1 {
-			t.Errorf("all twelve dimensions full: %v ≥ 1", c)
+		if c := combine(full); c > 1 || c < s {
+			t.Errorf("all twelve dimensions full: %v, want in [%v,1]", c, s)
 		}
 	})
 }
@@ -116,7 +154,9 @@ func TestScoreSignals(t *testing.T) {
 		{"recursion_depth 3", `{"recursion_depth":3}`, dimRecursion, 1},
 		{"recursion_depth as string", `{"recursion_depth":"5"}`, dimRecursion, 1},
 		{"recursion_limit", `{"config":{"recursion_limit":25}}`, dimRecursion, 1},
-		{"max_depth medium", `{"max_depth":3}`, dimRecursion, 0.6},
+		{"max_depth medium", `{"max_depth":3}`, dimRecursion, 0.5},
+		{"max_iter", `{"max_iter":20}`, dimRecursion, 1},
+		{"maxDiscoveryDepth", `{"maxDiscoveryDepth":3}`, dimRecursion, 1},
 		{"depth weak", `{"depth":5}`, dimRecursion, 0.3},
 		{"depth 1", `{"depth":1}`, dimRecursion, 0},
 		{"mode batch", `{"mode":"batch"}`, dimNonInteractive, 1},
@@ -127,13 +167,19 @@ func TestScoreSignals(t *testing.T) {
 		{"mode dark", `{"mode":"dark"}`, dimNonInteractive, 0},
 		{"interactive false", `{"interactive":false}`, dimNonInteractive, 1},
 		{"interactive true", `{"interactive":true}`, dimNonInteractive, 0},
-		{"headless", `{"options":{"headless":true}}`, dimNonInteractive, 1},
+		{"headless", `{"options":{"headless":true}}`, dimNonInteractive, 0.6},
+		{"mode deep_analysis", `{"mode":"deep_analysis"}`, dimNonInteractive, 1},
+		{"mode payment", `{"mode":"payment"}`, dimNonInteractive, 0},
+		{"human_input_mode NEVER", `{"human_input_mode":"NEVER"}`, dimNonInteractive, 1},
+		{"crawler startUrls", `{"startUrls":[{"url":"https://example.com"}]}`, dimNonInteractive, 1},
+		{"batch completion_window", `{"completion_window":"24h"}`, dimNonInteractive, 1},
 		{"context 4096", `{"context_window":4096}`, dimContext, 0},
 		{"context 8192", `{"context_window":8192}`, dimContext, 1.0 / 3},
 		{"context 32768", `{"num_ctx":32768}`, dimContext, 1},
 		{"context 128k", `{"context_length":128000}`, dimContext, 1},
 		{"chunk_size", `{"chunk_size":512}`, dimChunking, 1},
 		{"chunk_size and overlap", `{"chunk_size":512,"chunk_overlap":64}`, dimChunking, 1},
+		{"upload chunk_size", `{"chunk_size":5242880}`, dimChunking, 0.2},
 		{"chunk_size zero", `{"chunk_size":0}`, dimChunking, 0},
 		{"max_retries", `{"max_retries":3}`, dimRetry, 1},
 		{"retry strategy and backoff", `{"retry_strategy":"exponential","backoff":2}`, dimRetry, 1},
@@ -142,7 +188,17 @@ func TestScoreSignals(t *testing.T) {
 		{"tool_call_id empty", `{"tool_call_id":""}`, dimToolCall, 0},
 		{"tool_calls empty", `{"tool_calls":[]}`, dimToolCall, 0},
 		{"function_call", `{"function_call":{"name":"f"}}`, dimToolCall, 1},
-		{"function object", `{"function":{"name":"f","arguments":"{}"}}`, dimToolCall, 0.6},
+		{"function object", `{"function":{"name":"f"}}`, dimToolCall, 0.4},
+		{"function in tools", `{"tools":[{"function":{"name":"f"}}]}`, dimToolCall, 1 - 0.75*0.2},
+		{"MCP tools/call", `{"method":"tools/call"}`, dimToolCall, 1},
+		{"MCP initialize", `{"method":"initialize"}`, dimToolCall, 0.8},
+		{"JSON-RPC eth_call", `{"method":"eth_call"}`, dimToolCall, 0},
+		{"type tool_use", `{"type":"tool_use"}`, dimToolCall, 1},
+		{"type function_call_output", `{"type":"function_call_output"}`, dimToolCall, 1},
+		{"type payment_intent.succeeded", `{"type":"payment_intent.succeeded"}`, dimToolCall, 0},
+		{"role tool", `{"role":"tool"}`, dimToolCall, 1},
+		{"call_id of a tool call", `{"call_id":"call_9Pq2"}`, dimToolCall, 1},
+		{"call_id of a phone call", `{"call_id":"c-7781"}`, dimToolCall, 0.4},
 		{"tool_choice", `{"tool_choice":"auto"}`, dimToolCall, 0.8},
 		{"tools", `{"tools":["hammer"]}`, dimToolCall, 0.25},
 		{"metadata.confidence", `{"metadata":{"confidence":0.93}}`, dimMetadata, 1},
@@ -151,15 +207,25 @@ func TestScoreSignals(t *testing.T) {
 		{"bare confidence", `{"confidence":0.93}`, dimMetadata, 0.3},
 		{"confidence deeper", `{"metadata":{"scores":{"confidence":0.9}}}`, dimMetadata, 0.3},
 		{"finish_reason", `{"finish_reason":"stop"}`, dimMetadata, 0.8},
-		{"model gpt", `{"model":"gpt-4o-mini"}`, dimMetadata, 0.7},
+		{"model gpt", `{"model":"gpt-4o-mini"}`, dimMetadata, 0.4},
+		{"model o3-mini", `{"model":"o3-mini"}`, dimMetadata, 0.4},
+		{"llm setting", `{"llm":"claude-3-5-sonnet"}`, dimMetadata, 1},
+		{"llm object", `{"llm":{"provider":"x"}}`, dimMetadata, 0.6},
+		{"object chat.completion", `{"object":"chat.completion"}`, dimMetadata, 0.8},
+		{"object event", `{"object":"event"}`, dimMetadata, 0},
 		{"model car", `{"model":"Corolla"}`, dimMetadata, 0},
 		{"temperature", `{"temperature":0.7}`, dimSampling, 0.5},
 		{"temperature thermostat", `{"temperature":21}`, dimSampling, 0},
-		{"temperature top_p", `{"temperature":0.7,"top_p":0.9}`, dimSampling, 0.8},
-		{"three sampling", `{"temperature":0,"top_p":1,"max_tokens":256}`, dimSampling, 1},
+		{"temperature top_p", `{"temperature":0.7,"top_p":0.9}`, dimSampling, 0.75},
+		{"three sampling", `{"temperature":0,"top_p":1,"max_tokens":256}`, dimSampling, 0.875},
 		{"sampling repeated in list counts once", `[{"temperature":0.1},{"temperature":0.2}]`, dimSampling, 0.5},
 		{"run_id", `{"run_id":"r1"}`, dimTrace, 0.5},
-		{"thought observation", `{"thought":"I should search","observation":"found"}`, dimTrace, 1},
+		{"thought observation", `{"thought":"I should search","observation":"found"}`, dimTrace, 0.84},
+		{"observation object (a bird sighting)", `{"observation":{"species":"stork"}}`, dimTrace, 0},
+		{"action string (GitHub)", `{"action":"opened"}`, dimTrace, 0},
+		{"action list (browser agent)", `{"action":[{"click_element":{"index":1}}]}`, dimTrace, 0.5},
+		{"run_type chain", `{"run_type":"chain"}`, dimTrace, 1},
+		{"CrewAI max_rpm", `{"max_rpm":10}`, dimTrace, 0.8},
 		{"trace_id", `{"trace_id":"abc"}`, dimTrace, 0.3},
 		{"intermediate_steps", `{"intermediate_steps":[["search","Lisbon"]]}`, dimTrace, 1},
 	}
@@ -216,7 +282,10 @@ func TestToolCallID(t *testing.T) {
 		{"in tool_calls", `{"tool_calls":[{"id":"call_9","function":{"name":"f"}}]}`, "call_9"},
 		{"first wins", `{"tool_call_id":"a","x":{"tool_call_id":"b"}}`, "a"},
 		{"anthropic", `{"type":"tool_result","tool_use_id":"toolu_01"}`, "toolu_01"},
-		{"plain id is no tool call", `{"id":"call_9"}`, ""},
+		{"plain id is no tool call", `{"id":"42"}`, ""},
+		{"id shaped like a tool call", `{"id":"call_9"}`, "call_9"},
+		{"Responses call_id", `{"type":"function_call_output","call_id":"call_r2","output":"x"}`, "call_r2"},
+		{"phone call_id", `{"call_id":"c-7781"}`, ""},
 		{"truncated body", `{"tool_call_id":"call_tr`, "call_tr"},
 		{"none", pageBody(3), ""},
 	}
@@ -261,8 +330,8 @@ func TestScoreInvalid(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s, v := Score([]byte(tc.body))
-			if s < 0 || s >= 1 || math.IsNaN(s) {
-				t.Fatalf("score %v out of [0,1)", s)
+			if s < 0 || s > 1 || math.IsNaN(s) {
+				t.Fatalf("score %v out of [0,1]", s)
 			}
 			for d, x := range v {
 				if x < 0 || x > 1 || math.IsNaN(x) {
