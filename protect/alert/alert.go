@@ -118,8 +118,8 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock (time.Now).
 	Now func() time.Time
-	// Backoff is the wait before retry attempt (1, 2, 3): exponential from
-	// 500ms with full jitter by default.
+	// Backoff is the wait before retry number attempt (1, 2, 3); by default
+	// a random time up to 500ms, 1s, 2s (exponential, full jitter).
 	Backoff func(attempt int) time.Duration
 }
 
@@ -460,9 +460,13 @@ func (n *Notifier) count(event, outcome string) {
 	n.total.WithLabelValues(event, outcome).Inc()
 }
 
+// level is the log level of an alert's line.
 func level(severity string) slog.Level {
-	if severity == Info {
+	switch severity {
+	case Info:
 		return slog.LevelInfo
+	case Critical:
+		return slog.LevelError
 	}
 	return slog.LevelWarn
 }
