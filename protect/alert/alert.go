@@ -1,0 +1,472 @@
+// Package alert tells operators when something needs them: a budget nearly
+// or fully spent, the model breaker opening or closing, an anomaly, a tool
+// call loop, a policy file that failed to reload, usage above a
+// reservation.
+//
+// Each alert is one JSON POST to a webhook,
+//
+//	{"event": "budget_exhausted", "severity": "critical", "text": "…",
+//	 "at": "2026-08-31T12:00:00Z", "details": {…}}
+//
+// whose "text" field makes it a valid Slack incoming-webhook message. With a
+// secret the body is signed, X-Faregate-Signature: sha256=<hex HMAC-SHA256
+// of the exact body>. Without a URL alerts are log lines only.
+//
+// Notify never blocks its caller: alerts wait in a bounded queue that one
+// worker (Run) empties, and an alert that finds the queue full is dropped
+// and counted. The worker sends each alert at most four times (three
+// retries on network errors, 5xx and 429, with exponential backoff and
+// jitter, honouring Retry-After up to a cap) with a timeout per attempt.
+// Only the first alert per event and scope within a window (10 minutes) is
+// sent; a Redis-backed Deduper makes replicas agree on that, and when Redis
+// fails the process's own memory decides, so an alert is never lost because
+// deduplication is down.
+package alert
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/protect/promreg"
+)
+
+// Events. The metric labels any other name "other".
+const (
+	BudgetWarning      = "budget_warning"       // 80% of a daily budget; once per scope and day
+	BudgetExhausted    = "budget_exhausted"     // a daily token or money budget is spent
+	BreakerOpen        = "breaker_open"         // the model breaker opened
+	BreakerClosed      = "breaker_closed"       // the model breaker closed again
+	Anomaly            = "anomaly"              // an input spike or similar anomaly was refused
+	ToolCallLoop       = "tool_call_loop"       // a run repeated a tool call
+	PolicyReloadFailed = "policy_reload_failed" // an invalid policy file was kept out
+	Overage            = "overage"              // usage settled above its reservation
+)
+
+// Severities, as the payload names them.
+const (
+	Info     = "info"
+	Warning  = "warning"
+	Critical = "critical"
+)
+
+var knownEvents = map[string]bool{
+	BudgetWarning: true, BudgetExhausted: true, BreakerOpen: true, BreakerClosed: true,
+	Anomaly: true, ToolCallLoop: true, PolicyReloadFailed: true, Overage: true,
+}
+
+// Alert is one thing to tell operators.
+type Alert struct {
+	// Event is one of the event constants.
+	Event string
+	// Scope says what the alert is about and, with Event, what is
+	// deduplicated: "site", "principal:k_acme", "model:primary". It must not
+	// hold a raw IP; a visitor's 64-hex hash is cut to its first 12 digits.
+	Scope string
+	// Severity is Info, Warning or Critical (default Warning).
+	Severity string
+	// Text is the human sentence (Slack shows it); default "<event> (<scope>)".
+	Text string
+	// Details are extra JSON fields; the same rules as Scope apply.
+	Details map[string]any
+	// Window overrides the Notifier's deduplication window for this alert.
+	// A budget_warning is sent once per scope and UTC day by putting the day
+	// in Scope ("site/2026-08-31") and a Window of 24h.
+	Window time.Duration
+}
+
+// Options configure a Notifier; zero fields take the defaults noted.
+type Options struct {
+	// URL is the webhook (FAREGATE_ALERT_WEBHOOK_URL). Empty: log lines only.
+	URL string
+	// Secret signs bodies (FAREGATE_ALERT_WEBHOOK_SECRET). Empty: unsigned.
+	Secret string
+	// Client sends the POSTs (a client that does not follow redirects).
+	Client *http.Client
+	// QueueSize bounds the alerts waiting for the worker (256).
+	QueueSize int
+	// Dedupe is shared by every replica (RedisDeduper); nil: this process's
+	// memory only.
+	Dedupe Deduper
+	// Window is how long an event and scope stay deduplicated (10m).
+	Window time.Duration
+	// Timeout bounds one delivery attempt (5s).
+	Timeout time.Duration
+	// MaxRetryAfter caps the wait a Retry-After header asks for (30s).
+	MaxRetryAfter time.Duration
+	// DrainTimeout bounds how long Close keeps delivering queued alerts (5s).
+	DrainTimeout time.Duration
+	// Logger receives one line per alert sent or logged and one per final
+	// failure (slog.Default()).
+	Logger *slog.Logger
+	// Registerer takes faregate_alerts_total; nil leaves it unregistered.
+	Registerer prometheus.Registerer
+	// Now is the clock (time.Now).
+	Now func() time.Time
+	// Backoff is the wait before retry number attempt (1, 2, 3); by default
+	// a random time up to 500ms, 1s, 2s (exponential, full jitter).
+	Backoff func(attempt int) time.Duration
+}
+
+// Outcomes, the values of the metric's outcome label.
+const (
+	outcomeSent         = "sent"
+	outcomeFailed       = "failed"
+	outcomeDropped      = "dropped"
+	outcomeDeduplicated = "deduplicated"
+	outcomeLogged       = "logged"
+)
+
+// maxAttempts is one try and three retries.
+const maxAttempts = 4
+
+// queued is an alert with the time it was raised.
+type queued struct {
+	a   Alert
+	at  time.Time
+	win time.Duration
+}
+
+// Notifier delivers alerts. Notify may be called from any goroutine; Run
+// must be running for alerts to leave the queue.
+type Notifier struct {
+	o     Options
+	lg    *slog.Logger
+	total *prometheus.CounterVec
+	local *memory
+
+	queue   chan queued
+	closing chan struct{}
+	done    chan struct{}
+	closed  atomic.Bool
+	started atomic.Bool
+	once    sync.Once
+
+	// wait sleeps between attempts; tests replace it to see the waits.
+	wait func(ctx context.Context, d time.Duration) error
+}
+
+// New returns a Notifier; start its worker with Run.
+func New(o Options) *Notifier {
+	if o.Client == nil {
+		o.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 256
+	}
+	if o.Window <= 0 {
+		o.Window = 10 * time.Minute
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.MaxRetryAfter <= 0 {
+		o.MaxRetryAfter = 30 * time.Second
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Backoff == nil {
+		o.Backoff = defaultBackoff
+	}
+	total := promreg.Register(o.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "faregate_alerts_total",
+		Help: "Alerts by event and outcome (sent, failed, dropped, deduplicated, logged).",
+	}, []string{"event", "outcome"}))
+	return &Notifier{
+		o:       o,
+		lg:      o.Logger,
+		total:   total,
+		local:   newMemory(o.Now),
+		queue:   make(chan queued, o.QueueSize),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+		wait:    sleep,
+	}
+}
+
+// defaultBackoff waits a random time up to 0.5s, 1s, 2s before retries 1–3.
+func defaultBackoff(attempt int) time.Duration {
+	ceiling := 500 * time.Millisecond << max(attempt-1, 0)
+	return rand.N(ceiling) + time.Millisecond
+}
+
+// Notify queues a and returns at once. An alert whose event and scope were
+// already raised within the window is counted as deduplicated; one that
+// finds the queue full, or the Notifier closed, is dropped and counted.
+func (n *Notifier) Notify(a Alert) {
+	a = clean(a)
+	win := a.Window
+	if win <= 0 {
+		win = n.o.Window
+	}
+	if n.closed.Load() {
+		n.count(a.Event, outcomeDropped)
+		return
+	}
+	if !n.local.first(a.Event, a.Scope, win) {
+		n.count(a.Event, outcomeDeduplicated)
+		return
+	}
+	select {
+	case n.queue <- queued{a: a, at: n.o.Now(), win: win}:
+	default:
+		// Forget the mark so the next occurrence can still get through.
+		n.local.forget(a.Event, a.Scope)
+		n.count(a.Event, outcomeDropped)
+	}
+}
+
+// Run delivers queued alerts until ctx ends or Close is called, then keeps
+// delivering what is still queued. From that moment everything, the
+// delivery in flight included, gets DrainTimeout; what is left then is
+// dropped and counted. Run returns nil after Close, ctx.Err() otherwise.
+// Call it once.
+func (n *Notifier) Run(ctx context.Context) error {
+	if !n.started.CompareAndSwap(false, true) {
+		return errors.New("alert: Run called twice")
+	}
+	defer close(n.done)
+	// Deliveries run on wctx, which outlives ctx by at most DrainTimeout.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closing:
+		case <-ctx.Done():
+		case <-wctx.Done():
+			return
+		}
+		t := time.NewTimer(n.o.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	for {
+		select {
+		case q := <-n.queue:
+			n.deliver(wctx, q)
+		case <-n.closing:
+			n.drain(wctx)
+			return nil
+		case <-ctx.Done():
+			n.closed.Store(true)
+			n.drain(wctx)
+			return ctx.Err()
+		}
+	}
+}
+
+// Close stops accepting alerts and waits for Run to deliver the queued ones
+// (bounded by DrainTimeout) and return. Without a running Run it returns at
+// once. It is safe to call more than once.
+func (n *Notifier) Close() {
+	n.once.Do(func() {
+		n.closed.Store(true)
+		close(n.closing)
+	})
+	if n.started.Load() {
+		<-n.done
+	}
+}
+
+// drain delivers what is queued until the queue is empty; once ctx has
+// ended, the rest is dropped and counted.
+func (n *Notifier) drain(ctx context.Context) {
+	for {
+		select {
+		case q := <-n.queue:
+			if ctx.Err() != nil {
+				n.count(q.a.Event, outcomeDropped)
+				continue
+			}
+			n.deliver(ctx, q)
+		default:
+			return
+		}
+	}
+}
+
+// deliver asks the shared deduper, then logs or sends one alert.
+func (n *Notifier) deliver(ctx context.Context, q queued) {
+	a := q.a
+	if n.o.Dedupe != nil {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		first, err := n.o.Dedupe.First(dctx, a.Event, a.Scope, q.win)
+		cancel()
+		switch {
+		case err != nil:
+			// This process's memory already judged it first: send it.
+			n.lg.Warn("alert: shared deduplication unavailable, using local", "event", a.Event, "err", err)
+		case !first:
+			n.count(a.Event, outcomeDeduplicated)
+			return
+		}
+	}
+	body, err := json.Marshal(payload{
+		Event:    a.Event,
+		Severity: a.Severity,
+		Text:     a.Text,
+		At:       q.at.UTC().Format(time.RFC3339),
+		Details:  a.Details,
+	})
+	if err != nil {
+		// Details held something JSON cannot carry; say so rather than drop.
+		body, _ = json.Marshal(payload{Event: a.Event, Severity: a.Severity, Text: a.Text,
+			At: q.at.UTC().Format(time.RFC3339), Details: map[string]any{"error": "details not encodable: " + err.Error()}})
+	}
+	// Each outcome is logged before it is counted, so a counted alert
+	// always has its line.
+	if n.o.URL == "" {
+		n.lg.Log(ctx, level(a.Severity), "alert", "event", a.Event, "scope", a.Scope, "severity", a.Severity,
+			"text", a.Text, "at", q.at.UTC().Format(time.RFC3339), "details", a.Details)
+		n.count(a.Event, outcomeLogged)
+		return
+	}
+	attempts, err := n.send(ctx, body)
+	if err != nil {
+		n.lg.Warn("alert delivery failed", "event", a.Event, "scope", a.Scope, "attempts", attempts, "err", err)
+		n.count(a.Event, outcomeFailed)
+		return
+	}
+	n.lg.Log(ctx, level(a.Severity), "alert sent", "event", a.Event, "scope", a.Scope, "severity", a.Severity,
+		"text", a.Text, "attempts", attempts)
+	n.count(a.Event, outcomeSent)
+}
+
+// payload is the JSON body of a webhook POST.
+type payload struct {
+	Event    string         `json:"event"`
+	Severity string         `json:"severity"`
+	Text     string         `json:"text"`
+	At       string         `json:"at"`
+	Details  map[string]any `json:"details"`
+}
+
+// errPermanent marks an answer that a retry would not change.
+var errPermanent = errors.New("alert: webhook refused the alert")
+
+// send POSTs body, retrying as the package doc says; it returns the number
+// of attempts made.
+func (n *Notifier) send(ctx context.Context, body []byte) (int, error) {
+	sig := ""
+	if n.o.Secret != "" {
+		mac := hmac.New(sha256.New, []byte(n.o.Secret))
+		mac.Write(body)
+		sig = "sha256=" + hex.EncodeToString(mac.Sum(nil))
+	}
+	var err error
+	for attempt := 1; ; attempt++ {
+		var retryAfter time.Duration
+		retryAfter, err = n.attempt(ctx, body, sig)
+		if err == nil || errors.Is(err, errPermanent) || attempt == maxAttempts {
+			return attempt, err
+		}
+		d := n.o.Backoff(attempt)
+		if retryAfter > 0 {
+			d = max(d, min(retryAfter, n.o.MaxRetryAfter))
+		}
+		if werr := n.wait(ctx, d); werr != nil {
+			return attempt, fmt.Errorf("%w (then %w)", err, werr)
+		}
+	}
+}
+
+// attempt makes one POST. A non-nil error is retryable unless it wraps
+// errPermanent; retryAfter is what a 429 or 503 asked for.
+func (n *Notifier) attempt(ctx context.Context, body []byte, sig string) (retryAfter time.Duration, err error) {
+	actx, cancel := context.WithTimeout(ctx, n.o.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, n.o.URL, bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", errPermanent, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "faregate-alert")
+	if sig != "" {
+		req.Header.Set("X-Faregate-Signature", sig)
+	}
+	resp, err := n.o.Client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("alert: post: %w", err)
+	}
+	// Drain a little so the connection can be reused; never read unbounded.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return 0, nil
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		return parseRetryAfter(resp.Header.Get("Retry-After"), n.o.Now()), fmt.Errorf("alert: webhook answered %d", resp.StatusCode)
+	default:
+		return 0, fmt.Errorf("%w: status %d", errPermanent, resp.StatusCode)
+	}
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or bad.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil {
+		return time.Duration(max(s, 0)) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	return 0
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (n *Notifier) count(event, outcome string) {
+	if !knownEvents[event] {
+		event = "other"
+	}
+	n.total.WithLabelValues(event, outcome).Inc()
+}
+
+// level is the log level of an alert's line.
+func level(severity string) slog.Level {
+	switch severity {
+	case Info:
+		return slog.LevelInfo
+	case Critical:
+		return slog.LevelError
+	}
+	return slog.LevelWarn
+}
