@@ -220,7 +220,7 @@ func (r *Runner) take() {
 					return
 				}
 				r.lg.Debug("task queue unavailable", "err", err.Error())
-				sleep(r.takeCtx, backoff)
+				_ = sleep(r.takeCtx, backoff)
 				backoff = min(2*backoff, 2*time.Second)
 				continue
 			}
@@ -243,15 +243,6 @@ func (r *Runner) take() {
 			defer func() { <-r.slots }()
 			r.execute(e)
 		}()
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -503,10 +494,10 @@ func (r *Runner) execute(e taskstore.Entry) {
 
 // failure turns a run's error into the task's failure code and message.
 func (r *Runner) failure(err error, runCtx context.Context) (code, msg string) {
-	var f *failure
+	if code, msg, ok := FailureCode(err); ok {
+		return code, msg
+	}
 	switch {
-	case errors.As(err, &f):
-		return f.code, f.msg
 	case r.base.Err() != nil:
 		return task.CodeAgentFailed, "the server shut down while the task was running"
 	case runCtx.Err() != nil:
@@ -546,7 +537,7 @@ func (r *Runner) save(ctx context.Context, l taskstore.Lease, rec *task.Record, 
 			return false
 		}
 		r.lg.Warn("final task state not saved; retrying", "task", rec.ID, "retry_in", backoff.String(), "err", err.Error())
-		sleep(context.Background(), backoff)
+		_ = sleep(context.Background(), backoff)
 		backoff = min(2*backoff, 2*time.Second)
 	}
 }
