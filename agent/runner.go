@@ -44,6 +44,9 @@ type RunnerOptions struct {
 	Consumer string
 	// Release gives back a lost task's open token reservations at once.
 	Release func(ctx context.Context, rec task.Record) error
+	// Succeeded is told of every task that succeeded here, after its final
+	// save (the plan cache keeps its plan); nil: nobody.
+	Succeeded func(ctx context.Context, rec task.Record)
 	// Block is how long one wait for a new task lasts (default 2 s); it
 	// bounds how long a stopping runner waits for its taker.
 	Block time.Duration
@@ -486,6 +489,9 @@ func (r *Runner) execute(e taskstore.Entry) {
 	r.tasks.WithLabelValues(rec.Status).Inc()
 	r.duration.WithLabelValues(outcome).Observe(time.Since(started).Seconds())
 	if err == nil {
+		if r.o.Succeeded != nil {
+			r.o.Succeeded(context.WithoutCancel(runCtx), rec)
+		}
 		lg.Info("task succeeded", "duration_ms", time.Since(started).Milliseconds(),
 			"steps", len(rec.Steps), "prompt_tokens", rec.Usage.PromptTokens,
 			"completion_tokens", rec.Usage.CompletionTokens, "warnings", rec.Warnings)

@@ -127,10 +127,3 @@ func (m *memo) refusal(scope string) error {
 	}
 	return &retryError{err: e.err, after: left}
 }
-
-// forget drops every remembered refusal (a policy reload raised limits).
-func (m *memo) forget() {
-	m.mu.Lock()
-	clear(m.m)
-	m.mu.Unlock()
-}

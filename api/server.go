@@ -221,10 +221,23 @@ func (srv *Server) Run(ctx context.Context) {
 // guard's Observed callback), instead of a log line per request.
 func (srv *Server) Observed(*http.Request, aitf.Result) { srv.s.summary.note("aitf_observed") }
 
-// Forget drops every remembered refusal that a reload raising limits may
-// have made stale.
-func (srv *Server) Forget() { srv.s.memo.forget() }
+// RefuseAITF answers 503 aitf_queue_full (the AITF guard's Refuse).
+func (srv *Server) RefuseAITF(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
+	srv.s.writeErr(w, r, &retryError{aitf.ErrQueueFull, retryAfter})
+}
 
+// PrincipalScope names a request's principal for the AITF behaviour memory
+// ("v:<hash>" or "k:<id>"; "" outside the API).
+func PrincipalScope(r *http.Request) string {
+	st := stateOf(r)
+	if st == nil {
+		return ""
+	}
+	if st.principal.Kind != "" {
+		return st.principal.Scope()
+	}
+	return "v:" + st.visitor.Key()
+}
 // Codes lists every error code the server can answer with.
 func (srv *Server) Codes() []string { return srv.s.errors.Codes() }
 

@@ -46,7 +46,7 @@ func runUsage(ctx context.Context, args []string, getenv func(string) string, st
 	if raw == "" {
 		return errors.New("usage: FAREGATE_REDIS_URL is not set; the embedded Redis lives inside the serving process and cannot be read from here")
 	}
-	rdb, err := newRedis(raw, getenv("FAREGATE_REDIS_CLUSTER") == "true", 3)
+	rdb, err := newRedis(raw, getenv("FAREGATE_REDIS_CLUSTER") == "true", redisOptions{})
 	if err != nil {
 		return fmt.Errorf("usage: %w", err)
 	}

@@ -13,7 +13,9 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"faregate/protect/budget"
 	"faregate/protect/clientip"
+	"faregate/protect/plancache"
 )
 
 // config is every FAREGATE_ variable, read once from the injected getenv.
@@ -89,6 +91,21 @@ type config struct {
 	ConnectionsPerPeer  int           `env:"CONNECTIONS_PER_PEER" envDefault:"0"`
 	IdleTimeout         time.Duration `env:"IDLE_TIMEOUT" envDefault:"30s"`
 
+	PolicyFile          string        `env:"POLICY_FILE"`
+	SiteTokensPerMinute int64         `env:"SITE_TOKENS_PER_MINUTE" envDefault:"0"`
+	SitePaceWait        time.Duration `env:"SITE_PACE_WAIT" envDefault:"30s"`
+	TokenWait           time.Duration `env:"TOKEN_WAIT" envDefault:"20s"`
+
+	ModelPrices        string        `env:"MODEL_PRICES"`
+	DailySpendLimit    string        `env:"DAILY_SPEND_LIMIT" envDefault:"0"`
+	AlertWebhookURL    string        `env:"ALERT_WEBHOOK_URL"`
+	AlertWebhookSecret string        `env:"ALERT_WEBHOOK_SECRET"`
+	PlanCache          string        `env:"PLAN_CACHE" envDefault:"fallback"`
+	PlanCacheTTL       time.Duration `env:"PLAN_CACHE_TTL" envDefault:"24h"`
+
+	CORSOrigins []string `env:"CORS_ORIGINS" envSeparator:","`
+	MetricsAddr string   `env:"METRICS_ADDR"`
+
 	TaskLease time.Duration `env:"TASK_LEASE" envDefault:"30s"`
 	QueueMax  int64         `env:"QUEUE_MAX" envDefault:"200"`
 
@@ -97,7 +114,10 @@ type config struct {
 	LogFormat       string        `env:"LOG_FORMAT" envDefault:"text"`
 
 	// Derived by loadConfig.
-	trusted []netip.Prefix
+	trusted    []netip.Prefix
+	prices     budget.Prices
+	spendMicro int64
+	cacheMode  plancache.Mode
 }
 
 // defaultInUse is one embedded default that is active, with the variable
@@ -322,6 +342,42 @@ func (c *config) validate() error {
 		// Renewed every third of it: shorter leases would need renewals
 		// faster than a busy machine can promise.
 		bad("FAREGATE_TASK_LEASE: want at least 3s")
+	}
+	if c.SiteTokensPerMinute < 0 {
+		bad("FAREGATE_SITE_TOKENS_PER_MINUTE: want 0 (off) or more")
+	}
+	if c.SitePaceWait <= 0 || c.TokenWait <= 0 {
+		bad("FAREGATE_SITE_PACE_WAIT and FAREGATE_TOKEN_WAIT: want positive durations")
+	}
+	if c.prices, err = budget.ParsePrices(c.ModelPrices); err != nil {
+		bad("FAREGATE_MODEL_PRICES: %v", err)
+	}
+	if c.spendMicro, err = budget.ParseMicro(c.DailySpendLimit); err != nil || c.spendMicro < 0 {
+		bad("FAREGATE_DAILY_SPEND_LIMIT %q: want an amount in the prices' currency, such as 5 or 2.50 (0: off)", c.DailySpendLimit)
+	}
+	if c.AlertWebhookURL != "" {
+		if u, err := url.Parse(c.AlertWebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("FAREGATE_ALERT_WEBHOOK_URL: want an http(s) URL")
+		}
+	}
+	if c.cacheMode, err = plancache.ParseMode(c.PlanCache); err != nil {
+		bad("%v", err)
+	}
+	if c.PlanCacheTTL < time.Minute {
+		bad("FAREGATE_PLAN_CACHE_TTL: want at least 1m")
+	}
+	for i, o := range c.CORSOrigins {
+		o = strings.TrimRight(strings.TrimSpace(o), "/")
+		c.CORSOrigins[i] = o
+		if u, err := url.Parse(o); o != "*" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "") {
+			bad("FAREGATE_CORS_ORIGINS %q: want origins such as https://app.example (scheme and host, no path)", o)
+		}
+	}
+	c.CORSOrigins = slices.DeleteFunc(c.CORSOrigins, func(s string) bool { return s == "" })
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			bad("FAREGATE_METRICS_ADDR %q: want host:port", c.MetricsAddr)
+		}
 	}
 	if c.RedisTimeout < 100*time.Millisecond || c.RedisTimeout > time.Minute {
 		bad("FAREGATE_REDIS_TIMEOUT: want between 100ms and 1m")

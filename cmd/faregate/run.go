@@ -2,40 +2,54 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/go-chi/cors"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent"
+	"faregate/agent/chat"
 	"faregate/agent/guide"
-	"faregate/agent/offline"
-	"faregate/agent/openai"
-	"faregate/agent/outbound"
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
-	"faregate/agent/tools"
+	"faregate/agent/tokens"
 	"faregate/api"
 	"faregate/protect/aitf"
-	"faregate/protect/breaker"
+	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
+	"faregate/protect/connlimit"
+	"faregate/protect/plancache"
+	"faregate/protect/policy"
 	"faregate/protect/quota"
+	"faregate/protect/ratelimit"
 	"faregate/protect/turnstile"
 	"faregate/web"
 )
 
-// version is stamped at build time (-ldflags "-X main.version=...").
-var version = "dev"
+// usageText is the help text.
+const usageText = `usage:
+  faregate [serve]                                   serve the page and the API (configuration: FAREGATE_* variables, see .env.example)
+  faregate usage [-day YYYY-MM-DD] [-by model|principal] [-format table|csv]
+  faregate aitf score [FILE]                         score captured bodies or sessions (JSON or NDJSON)
+  faregate keys new -id ID -tier TIER                a new API key and its policy line
+  faregate health [ADDR]                             exit 0 when /healthz answers (container HEALTHCHECK)
+  faregate version                                   the version and Go toolchain`
 
 // run is the whole program; main only wires it to the process. Tests call
 // it directly on 127.0.0.1:0 and read the address from stdout.
@@ -46,12 +60,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return runUsage(ctx, args[2:], getenv, stdout)
 		case "aitf":
 			return runAITF(args[2:], stdout)
+		case "keys":
+			return runKeys(args[2:], stdout)
+		case "health":
+			return runHealth(ctx, args[2:], getenv, stdout)
+		case "version", "-version", "--version":
+			return runVersion(stdout)
 		case "serve":
 		case "-h", "-help", "--help", "help":
-			fmt.Fprintln(stdout, "usage: faregate [serve] | faregate usage [-day YYYY-MM-DD] | faregate aitf score [FILE]\nConfiguration is read from FAREGATE_* environment variables; see .env.example.")
+			fmt.Fprintln(stdout, usageText)
 			return nil
 		default:
-			return fmt.Errorf("unknown command %q (want serve, usage or aitf)", args[1])
+			return fmt.Errorf("unknown command %q (want serve, usage, aitf, keys, health or version)", args[1])
 		}
 	}
 	cfg, err := loadConfig(getenv)
@@ -80,12 +100,17 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 
 // app is a built server with what must be closed after it.
 type app struct {
-	cfg     *config
-	lg      *slog.Logger
-	stdout  io.Writer
-	handler http.Handler
-	runner  *agent.Runner
-	closers []func()
+	cfg      *config
+	lg       *slog.Logger
+	stdout   io.Writer
+	server   *api.Server
+	registry *prometheus.Registry
+	runner   *agent.Runner
+	hub      *taskstore.Hub
+	policies *policy.Store
+	alerts   *alert.Notifier
+	hup      chan struct{}
+	closers  []func()
 }
 
 func (a *app) close() {
@@ -96,18 +121,20 @@ func (a *app) close() {
 
 // build assembles every dependency from cfg.
 func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) (*app, error) {
-	a := &app{cfg: cfg, lg: lg, stdout: stdout}
+	a := &app{cfg: cfg, lg: lg, stdout: stdout, hup: make(chan struct{}, 1)}
 	defaults := cfg.embeddedDefaults()
 	for _, d := range defaults {
 		// Loud on purpose: a demo on embedded defaults protects nothing.
 		fmt.Fprintf(stdout, "faregate: EMBEDDED DEFAULT (%s unset): %s\n", d.Variable, d.What)
 	}
+	quietRedisLog(lg)
 
 	rcs, closeRedis, err := openRedis(ctx, cfg, stdout)
 	if err != nil {
 		return nil, err
 	}
 	a.closers = append(a.closers, closeRedis)
+	rdb := rcs.main
 
 	key := []byte(cfg.IPHashKey)
 	if len(key) == 0 {
@@ -125,48 +152,104 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.registry = reg
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(), poolStats(rcs))
 
-	limits := quota.Limits{Visitor: cfg.IPDailyLimit, Global: cfg.GlobalDailyLimit}
-	rdb := rcs.main
-	q := quota.New(rcs.quota, limits, nil)
+	a.alerts = alert.New(alert.Options{URL: cfg.AlertWebhookURL, Secret: cfg.AlertWebhookSecret,
+		Dedupe: alert.RedisDeduper(rdb), Logger: lg, Registerer: reg})
+	a.closers = append(a.closers, a.alerts.Close)
+	notify := func(x agent.Alert) {
+		a.alerts.Notify(alert.Alert{Event: x.Event, Scope: x.Scope, Severity: x.Severity, Text: x.Text, Details: x.Details})
+	}
+
+	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
+		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
+	a.policies, err = policy.NewStore(policy.Options{
+		Path: cfg.PolicyFile, Defaults: public, Reload: a.hup, Logger: lg, Registerer: reg,
+		OnError: func(err error) {
+			a.alerts.Notify(alert.Alert{Event: alert.PolicyReloadFailed, Scope: "policy", Severity: alert.Warning,
+				Text: "The policy file could not be reloaded; the last good policy stays in force: " + err.Error()})
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("FAREGATE_POLICY_FILE: %w", err)
+	}
+
+	models, err := buildModels(cfg, lg, reg, notify)
+	if err != nil {
+		return nil, err
+	}
+	prices := cfg.prices
+	for name, p := range a.policies.Current().Prices() {
+		// The policy file's prices win over FAREGATE_MODEL_PRICES.
+		if prices == nil {
+			prices = budget.Prices{}
+		}
+		prices[name] = budget.Price{InputMicroPerMTok: p.InputMicroPerMTok, OutputMicroPerMTok: p.OutputMicroPerMTok}
+	}
+	if cfg.spendMicro > 0 {
+		names := []string{models.Primary.Name}
+		if models.Fallback != nil {
+			names = append(names, models.Fallback.Name)
+		}
+		if err := prices.Check(names...); err != nil {
+			return nil, fmt.Errorf("FAREGATE_DAILY_SPEND_LIMIT is set, so every model needs a price (FAREGATE_MODEL_PRICES or models: in the policy file): %w", err)
+		}
+	}
+
+	q := quota.New(rdb, nil)
 	bud := budget.New(rdb, budget.Options{
-		Limits: budget.Limits{Site: cfg.DailyTokenBudget, Visitor: cfg.IPDailyTokens, Task: cfg.TaskTokenLimit},
+		Limits: budget.Limits{Site: cfg.DailyTokenBudget, Principal: cfg.IPDailyTokens, Task: cfg.TaskTokenLimit, SpendMicro: cfg.spendMicro},
+		Prices: prices,
 		// A reservation outlives the longest call it can cover, then is given back.
 		ReservationTTL: cfg.AgentTimeout + cfg.LLMTimeout + time.Minute,
 		Registerer:     reg,
 	})
 	ledger := budget.NewLedger(rdb, nil)
 	reg.MustRegister(ledger)
+	limiter := ratelimit.New(rdb, ratelimit.Options{Registerer: reg})
 
-	models, err := buildModels(cfg, lg, reg)
-	if err != nil {
-		return nil, err
-	}
-	ix := guide.Default()
-	toolbox := buildToolbox(cfg, ix, lg)
+	toolbox := buildToolbox(cfg, guide.Default(), lg)
 	wf := agent.NewWorkflow(agent.Config{
 		MaxSteps: cfg.AgentMaxSteps, MaxToolCalls: cfg.AgentMaxToolCalls, Timeout: cfg.AgentTimeout,
 		MaxTokens: cfg.LLMMaxTokens, LoopThreshold: cfg.LoopThreshold,
-	}, models, bud, ledger, toolbox, lg)
+		TokenWait: cfg.TokenWait, SiteTokensPerMinute: cfg.SiteTokensPerMinute, SitePaceWait: cfg.SitePaceWait,
+	}, agent.Deps{
+		Models: models, Budget: bud, Ledger: ledger, Tools: toolbox, Limiter: limiter,
+		Alert: notify, Logger: lg, Estimate: estimator(models),
+	})
+
 	store := taskstore.New(rdb)
-	a.runner = agent.NewRunner(store, wf, cfg.AgentConcurrency, lg, reg)
+	a.hub = taskstore.NewHub(store, rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
+	cache := plancache.New(rdb, plancache.Options{TTL: cfg.PlanCacheTTL, Registerer: reg})
+	a.runner = agent.NewRunner(store, wf, agent.RunnerOptions{
+		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout, Queue: rcs.queue,
+		Release: func(ctx context.Context, rec task.Record) error {
+			_, err := bud.ReleaseTask(ctx, rec.Day, rec.ID)
+			return err
+		},
+		Succeeded: cachePlans(cache, cfg.cacheMode, lg),
+		Logger:    lg, Registerer: reg,
+	})
 
 	mode, err := aitf.ParseMode(cfg.AITFMode)
 	if err != nil {
 		return nil, err
 	}
+	var srv *api.Server
 	guard := aitf.New(aitf.Options{
 		Mode: mode, Threshold: cfg.AITFThreshold, DegradeBacklog: cfg.AITFDegradeBacklog, MaxQueue: cfg.AITFMaxQueue,
 		Debug: cfg.AITFDebug, MaxBody: api.MaxBody,
-		VisitorKey: func(r *http.Request) string {
-			if v, ok := clientip.FromContext(r.Context()); ok {
-				return v.Key()
-			}
-			return ""
+		VisitorKey: api.PrincipalScope,
+		Route:      api.RoutePattern,
+		Refuse:     func(w http.ResponseWriter, r *http.Request, d time.Duration) { srv.RefuseAITF(w, r, d) },
+		Observed:   func(r *http.Request, res aitf.Result) { srv.Observed(r, res) },
+		ToolCallLoop: func(ctx context.Context, id string, n int) {
+			a.alerts.Notify(alert.Alert{Event: alert.ToolCallLoop, Scope: "tool_call:" + clip(id, 64), Severity: alert.Warning,
+				Text:    fmt.Sprintf("One tool_call_id was queued %d times in 10 minutes: an agent loop is calling the API.", n),
+				Details: map[string]any{"tool_call_id": clip(id, 64), "count": n}})
 		},
-		Route:  api.RoutePattern,
-		Refuse: api.RefuseAITF,
 		Logger: lg, Registerer: reg,
 	})
 
@@ -174,193 +257,292 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return nil, err
 	}
-	a.handler = api.NewServer(api.Deps{
-		Logger: lg, Visitors: visitors, Verifier: verifier, Quota: q, Budget: bud,
-		MinRunTokens: wf.MinRunTokens(), Models: models, Tasks: a.runner, Store: store, AITF: guard,
-		Web: webHandler, Registry: reg, CSP: web.CSP(cfg.TurnstileScriptURL),
+	var corsMW func(http.Handler) http.Handler
+	if len(cfg.CORSOrigins) > 0 {
+		corsMW = cors.Handler(cors.Options{
+			AllowedOrigins:   cfg.CORSOrigins,
+			AllowedMethods:   []string{http.MethodGet, http.MethodPost, http.MethodOptions},
+			AllowedHeaders:   []string{"Authorization", "Content-Type", "Last-Event-ID"},
+			ExposedHeaders:   []string{"Retry-After", "RateLimit", "RateLimit-Policy", "X-Request-Id", "Location"},
+			AllowCredentials: false,
+			MaxAge:           600,
+		})
+	}
+	prober := &prober{rdb: rdb, now: time.Now, warn: func(msg string) { fmt.Fprintln(stdout, msg); lg.Error(msg) }}
+	srv = api.NewServer(api.Deps{
+		Logger: lg, Visitors: visitors, Verifier: verifier, Quota: q, Limiter: limiter, Budget: bud,
+		Policy:    func() api.Policy { return policyView{a.policies.Current()} },
+		PlanCache: cache, PlanCacheMode: cfg.cacheMode,
+		MinRunTokens: wf.MinRunTokens(), MinRunCost: minRunCost(bud, models, wf.MinRunTokens(), cfg.LLMMaxTokens),
+		Models: models, Tasks: a.runner, Store: store, Events: a.hub, AITF: guard,
+		Web: webHandler, Client: web.Client(), OpenAPI: api.OpenAPIDocument(), CORS: corsMW,
+		Ready: prober.probe,
 		Config: api.PublicConfig{
 			TurnstileSiteKey: cfg.TurnstileSiteKey, TurnstileScriptURL: cfg.TurnstileScriptURL,
-			TurnstileTest: cfg.TurnstileSecret == "", DevMode: len(defaults) > 0, Limits: limits,
+			TurnstileTest: cfg.TurnstileSecret == "", DevMode: len(defaults) > 0,
 		},
+		Limits: api.Limits{
+			GlobalDailyTasks: cfg.GlobalDailyLimit, SiteDailyTokens: cfg.DailyTokenBudget, DailySpendMicro: cfg.spendMicro,
+			FailedChecksPerHour: cfg.FailedChecksPerHour,
+			StreamsPerPrincipal: cfg.StreamsPerVisitor, StreamsMax: cfg.StreamsMax, StreamMaxDuration: cfg.StreamMaxDuration,
+			QueueMax: cfg.QueueMax, SummaryInterval: cfg.LogSummaryInterval,
+		},
+		Registry: reg, Metrics: cfg.MetricsAddr == "",
 	})
+	a.server = srv
 	return a, nil
 }
 
-// redisClients are the two connections to the one Redis: main for
-// everything, and quota, which never retries. go-redis retries a command
-// after io.EOF; a quota script that ran but lost its reply would then count
-// a task twice, so the counting script fails closed (503) instead.
-type redisClients struct {
-	main, quota redis.UniversalClient
+// estimator counts a call's prompt with the model's own tokenizer when its
+// encoding is known, else with a conservative bound. Encodings load at
+// start-up, so the first call does not pay for it.
+func estimator(models *agent.Models) func(string, []chat.Message, []chat.ToolDef) int64 {
+	counters := map[string]tokens.Counter{models.Primary.Name: tokens.ForModel(models.Primary.Name)}
+	if models.Fallback != nil {
+		counters[models.Fallback.Name] = tokens.ForModel(models.Fallback.Name)
+	}
+	return func(model string, msgs []chat.Message, defs []chat.ToolDef) int64 {
+		c, ok := counters[model]
+		if !ok {
+			c = tokens.ForModel(model)
+		}
+		tm := make([]tokens.Message, len(msgs))
+		for i, m := range msgs {
+			tm[i] = tokens.Message{Role: string(m.Role), Name: m.Name, Content: m.Content}
+			for _, tc := range m.ToolCalls {
+				tm[i].ToolCalls = append(tm[i].ToolCalls, tokens.ToolCall{Name: tc.Name, Arguments: tc.Arguments})
+			}
+		}
+		var toolsJSON string
+		if len(defs) > 0 {
+			raw, _ := json.Marshal(openaiTools(defs))
+			toolsJSON = string(raw)
+		}
+		return c.Chat(tm, toolsJSON)
+	}
 }
 
-// openRedis connects to FAREGATE_REDIS_URL, or starts the embedded miniredis.
-func openRedis(ctx context.Context, cfg *config, stdout io.Writer) (redisClients, func(), error) {
-	url := cfg.RedisURL
-	cluster := cfg.RedisCluster
-	var stopMini func()
-	if url == "" {
-		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			return redisClients{}, nil, fmt.Errorf("embedded redis: %w", err)
-		}
-		url, cluster, stopMini = "redis://"+m.Addr(), false, m.Close
+// openaiTools is the "tools" array of a chat completion request, the form
+// the tokenizer renders tool definitions from.
+func openaiTools(defs []chat.ToolDef) []map[string]any {
+	out := make([]map[string]any, len(defs))
+	for i, d := range defs {
+		out[i] = map[string]any{"type": "function", "function": map[string]any{
+			"name": d.Name, "description": d.Description, "parameters": d.Parameters}}
 	}
-	var c redisClients
-	var err error
-	if c.main, err = newRedis(url, cluster, 3); err != nil {
-		return c, nil, err
-	}
-	if c.quota, err = newRedis(url, cluster, -1); err != nil {
-		return c, nil, err
-	}
-	closeAll := func() {
-		_ = c.main.Close()
-		_ = c.quota.Close()
-		if stopMini != nil {
-			stopMini()
-		}
-	}
-	if stopMini != nil {
-		return c, closeAll, nil
-	}
-	// Not fatal: faregate starts and fails closed (503) until Redis answers,
-	// and /readyz says so.
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := c.main.Ping(pctx).Err(); err != nil {
-		fmt.Fprintf(stdout, "faregate: redis not answering yet (%v); refusing tasks with 503 until it does\n", redactURLError(err))
-	}
-	return c, closeAll, nil
+	return out
 }
 
-// newRedis builds a client for a redis:// or rediss:// URL (a Cluster
-// with cluster set; further nodes as ?addr=host:port). Short timeouts make a
-// hung Redis a quick 503 rather than a hung request. retries is go-redis's
-// MaxRetries (-1: none).
-func newRedis(url string, cluster bool, retries int) (redis.UniversalClient, error) {
-	const timeout = 2 * time.Second
-	if cluster {
-		opt, err := redis.ParseClusterURL(url)
-		if err != nil {
-			return nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
-		}
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout+time.Second
-		opt.MaxRetries = retries
-		return redis.NewClusterClient(opt), nil
-	}
-	opt, err := redis.ParseURL(url)
+// minRunCost is the money one minimal run reserves, on the primary model.
+func minRunCost(b *budget.Budget, models *agent.Models, minTokens int64, maxTokens int) int64 {
+	c, err := b.Cost(models.Next(false).Name, minTokens-int64(maxTokens), int64(maxTokens))
 	if err != nil {
-		return nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
+		return 0
 	}
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout+time.Second
-	opt.MaxRetries = retries
-	return redis.NewClient(opt), nil
+	return c
 }
 
-// redactURLError keeps credentials that a URL error might quote out of logs.
-func redactURLError(err error) string {
-	s := err.Error()
-	if i := strings.Index(s, "@"); i >= 0 {
-		if j := strings.LastIndex(s[:i], "//"); j >= 0 {
-			s = s[:j+2] + "***" + s[i:]
+// cachePlans stores every succeeded plan without warnings for the plan
+// cache (unless it is off); plans served from the cache are not stored again.
+func cachePlans(c *plancache.Cache, mode plancache.Mode, lg *slog.Logger) func(context.Context, task.Record) {
+	if mode == plancache.ModeOff {
+		return nil
+	}
+	return func(ctx context.Context, rec task.Record) {
+		if rec.Result == nil || rec.Result.Cached || len(rec.Warnings) > 0 || len(rec.Result.Warnings) > 0 {
+			return
 		}
-	}
-	return s
-}
-
-// buildModels returns the primary model (an OpenAI-compatible server or the
-// offline demo planner), its breaker and the fallback.
-func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer) (*agent.Models, error) {
-	httpClient := &http.Client{Timeout: cfg.LLMTimeout}
-	var ms agent.Models
-	if cfg.LLMBaseURL == "" {
-		ms.Primary = agent.Model{Model: offline.New(), Name: offline.ModelName, Offline: true}
-	} else {
-		m, err := openai.New(openai.Options{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel,
-			LegacyMaxTokens: cfg.LLMLegacyMaxTokens, HTTPClient: httpClient})
+		raw, err := json.Marshal(rec.Result)
 		if err != nil {
-			return nil, err
+			return
 		}
-		ms.Primary = agent.Model{Model: m, Name: m.Name()}
-		ms.Breaker = breaker.New(breaker.Settings{
-			Name: "primary", Window: cfg.BreakerWindow, MinCalls: cfg.BreakerMinCalls,
-			FailureRatio: cfg.BreakerFailureRatio, SlowRatio: cfg.BreakerSlowRatio, SlowCall: cfg.BreakerSlowCall,
-			OpenFor: cfg.BreakerOpenFor, HalfOpenProbes: cfg.BreakerHalfOpenProbes,
-		}, lg, reg)
-	}
-	if cfg.FallbackBaseURL != "" {
-		fb, err := openai.New(openai.Options{BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey,
-			Model: cfg.FallbackModel, LegacyMaxTokens: cfg.LLMLegacyMaxTokens, HTTPClient: httpClient})
-		if err != nil {
-			return nil, err
+		req := plancache.Request{Destination: rec.Request.Destination, Days: rec.Request.Days,
+			Interests: rec.Request.Interests, Language: rec.Request.Lang()}
+		if err := c.Put(ctx, req, plancache.Plan{Result: raw, Model: rec.Result.Model}); err != nil && !errors.Is(err, plancache.ErrNotCacheable) {
+			lg.Warn("plan not cached", "task", rec.ID, "err", err.Error())
 		}
-		ms.Fallback = &agent.Model{Model: fb, Name: fb.Name()}
 	}
-	return &ms, nil
 }
 
-// buildToolbox returns the per-task tool factory. Two process-wide
-// transports hold the per-host limits: one for the fixed APIs (weather,
-// geocoding, search) and one that refuses non-public addresses for
-// fetch_page. Each task gets its own sessions: its own cache and dedup.
-func buildToolbox(cfg *config, ix *guide.Index, lg *slog.Logger) agent.Toolbox {
-	apis := outbound.New(outbound.Options{Version: version, PublicURL: cfg.PublicURL, Logger: lg})
-	pages := outbound.New(outbound.Options{Version: version, PublicURL: cfg.PublicURL, Logger: lg,
-		Base: tools.SafeTransport(tools.Policy{})})
-	tcfg := tools.Config{WeatherURL: cfg.WeatherURL, GeocodingURL: cfg.GeocodingURL, SearchURL: cfg.SearchURL, Guide: ix}
-	return func(rec *task.Record, warn func(code, detail string)) []tools.Tool {
-		so := outbound.SessionOptions{Score: rec.AITF.Score, HasScore: rec.AITF.Score > 0, Warn: warn}
-		return tools.All(apis.Session(so).Client(), pages.Session(so).Client(), tcfg)
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
+	return s[:n]
 }
+
+// buildInfo is faregate_build_info{version,goversion} 1.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "faregate_build_info", Help: "A constant 1, labelled with the running version.",
+	}, []string{"version", "goversion"})
+	gover := "unknown"
+	if v := strings.TrimSpace(goVersion()); v != "" {
+		gover = v
+	}
+	g.WithLabelValues(versionString(), gover).Set(1)
+	return g
+}
+
+// redisLogOnce installs the rate-limited go-redis logger once per process:
+// go-redis's logger is its own global.
+var redisLogOnce sync.Once
+
+// quietRedisLog routes go-redis's own messages ("failed to dial" while
+// Redis is down) through slog, at most one line per 10 s: a Redis outage
+// under load must not fill the disk.
+func quietRedisLog(lg *slog.Logger) {
+	redisLogOnce.Do(func() { redis.SetLogger(&limitedLog{lg: lg, every: 10 * time.Second}) })
+}
+
+// limitedLog writes at most one line per interval and counts the rest.
+type limitedLog struct {
+	lg    *slog.Logger
+	every time.Duration
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (l *limitedLog) Printf(_ context.Context, format string, v ...any) { l.write(fmt.Sprintf(format, v...)) }
+
+// Write lets it serve as http.Server's ErrorLog writer too.
+func (l *limitedLog) Write(p []byte) (int, error) {
+	l.write(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func (l *limitedLog) write(msg string) {
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.last) < l.every {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	l.lg.Warn(redactURL(msg), "suppressed_before", n)
+}
+
+// redactURL keeps credentials that a URL in a message might carry out of logs.
+func redactURL(s string) string { return redactURLError(errors.New(s)) }
 
 // serve listens, prints the address and serves until ctx ends, then shuts
-// down gracefully: stop accepting, let running tasks finish within the
-// shutdown timeout, mark the rest failed.
+// down gracefully (see shutdown).
 func (a *app) serve(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", a.cfg.Addr, err)
 	}
+	lim := connlimit.Wrap(ln, connlimit.Options{Max: maxConnections(a.cfg.MaxConnections), PerPeer: a.cfg.ConnectionsPerPeer,
+		Exempt: clientip.NewResolver(a.cfg.trusted, "", nil).TrustedAddr, Registerer: a.registry})
 	// Requests (long SSE streams above all) end when base is cancelled,
-	// after running tasks had their grace period.
+	// after running tasks had their grace period and their followers their
+	// final events.
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	srv := &http.Server{
 		BaseContext:       func(net.Listener) context.Context { return base },
-		Handler:           a.handler,
+		ConnContext:       lim.ConnContext,
+		Handler:           a.server,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      30 * time.Second, // the SSE handler lifts it for its stream
-		IdleTimeout:       90 * time.Second,
+		IdleTimeout:       a.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(a.lg.Handler(), slog.LevelWarn),
+		ErrorLog:          logLogger(&limitedLog{lg: a.lg, every: 10 * time.Second}),
 	}
+	var metrics *http.Server
+	if a.cfg.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", a.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("listen %s (FAREGATE_METRICS_ADDR): %w", a.cfg.MetricsAddr, err)
+		}
+		metrics = &http.Server{Handler: promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = metrics.Serve(mln) }()
+		fmt.Fprintf(a.stdout, "faregate: metrics on http://%s/metrics\n", mln.Addr())
+	}
+
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+	for _, f := range []func(context.Context){
+		func(ctx context.Context) { a.server.Run(ctx) },
+		func(ctx context.Context) { _ = a.policies.Run(ctx) },
+		func(ctx context.Context) { _ = a.alerts.Run(ctx) },
+		a.forwardSIGHUP,
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(bg) }()
+	}
+	if err := a.runner.Start(ctx); err != nil {
+		return err
+	}
+
 	fmt.Fprintf(a.stdout, "faregate: listening on http://%s\n", ln.Addr())
-	a.lg.Info("serving", "addr", ln.Addr().String(), "version", version)
+	a.lg.Info("serving", "addr", ln.Addr().String(), "version", versionString(), "consumer", a.runner.Consumer())
 
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(lim) }()
+	var serveErr error
 	select {
-	case err := <-errc:
-		return err
+	case serveErr = <-errc:
 	case <-ctx.Done():
 	}
+	a.shutdown(srv, cancelBase)
+	if metrics != nil {
+		_ = metrics.Close()
+	}
+	stopBG()
+	wg.Wait()
+	return serveErr
+}
+
+// shutdown stops the server in the order that loses nothing:
+//  1. stop accepting (in-flight requests and streams go on);
+//  2. give running tasks the grace period, then fail the rest (their final
+//     events are written);
+//  3. hand every follower its task's final events, and close the streams of
+//     tasks that run elsewhere (the client resumes on another replica);
+//  4. wait for the handlers to return, then close what is left.
+func (a *app) shutdown(srv *http.Server, cancelBase context.CancelFunc) {
 	a.lg.Info("shutting down", "grace", a.cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
-	// Stop accepting at once; in-flight requests finish meanwhile.
 	shut := make(chan error, 1)
-	go func() { shut <- srv.Shutdown(sctx) }()
+	go func() { shut <- srv.Shutdown(context.Background()) }()
 	if err := a.runner.Shutdown(sctx); err != nil {
 		a.lg.Warn("tasks still running at the end of the grace period were marked failed")
 	}
-	// Tasks are final now; followers of other replicas' tasks reconnect elsewhere.
-	cancelBase()
-	if err := <-shut; err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	a.hub.Shutdown(hctx)
+	hcancel()
+	select {
+	case <-shut:
+	case <-time.After(5 * time.Second):
+		a.lg.Warn("handlers still running after the streams were closed; closing their connections")
 	}
+	cancelBase()
 	_ = srv.Close()
-	return nil
+}
+
+// forwardSIGHUP turns SIGHUP into a policy reload.
+func (a *app) forwardSIGHUP(ctx context.Context) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGHUP)
+	defer signal.Stop(sig)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sig:
+			select {
+			case a.hup <- struct{}{}:
+			default:
+			}
+		}
+	}
 }

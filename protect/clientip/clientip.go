@@ -141,6 +141,9 @@ func (r *Resolver) TrustedPeer(req *http.Request) bool {
 	return ok && r.isTrusted(peer)
 }
 
+// TrustedAddr reports whether a is inside the trusted proxies.
+func (r *Resolver) TrustedAddr(a netip.Addr) bool { return r.isTrusted(a.Unmap()) }
+
 func (r *Resolver) isTrusted(a netip.Addr) bool {
 	for _, p := range r.trusted {
 		if p.Contains(a) {
