@@ -84,8 +84,8 @@ type retryError struct {
 	after time.Duration
 }
 
-func (e *retryError) Error() string              { return e.err.Error() }
-func (e *retryError) Unwrap() error              { return e.err }
+func (e *retryError) Error() string             { return e.err.Error() }
+func (e *retryError) Unwrap() error             { return e.err }
 func (e *retryError) RetryAfter() time.Duration { return e.after }
 
 // retryAfterUnavailable is the Retry-After of a 503 that names none, and

@@ -238,6 +238,7 @@ func PrincipalScope(r *http.Request) string {
 	}
 	return "v:" + st.visitor.Key()
 }
+
 // Codes lists every error code the server can answer with.
 func (srv *Server) Codes() []string { return srv.s.errors.Codes() }
 

@@ -455,7 +455,7 @@ func waitHalfOpen(t *testing.T, s *server) {
 	defer tick.Stop()
 	for {
 		do(t, "GET", s.URL+"/api/config", "", nil)
-		if strings.Contains(string(do(t, "GET", s.URL+"/metrics", "", nil).Raw), `faregate_breaker_state{name="primary"} 1`) {
+		if strings.Contains(string(do(t, "GET", s.URL+"/metrics", "", nil).Raw), `faregate_breaker_state{name="primary",state="half-open"} 1`) {
 			return
 		}
 		select {

@@ -21,6 +21,7 @@ import (
 	"faregate/protect/alert"
 	"faregate/protect/breaker"
 )
+
 // buildModels returns the primary model (an OpenAI-compatible server or the
 // offline demo planner), its breaker and the fallback.
 func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify func(agent.Alert)) (*agent.Models, error) {
@@ -67,7 +68,6 @@ func buildToolbox(cfg *config, ix *guide.Index, lg *slog.Logger) agent.Toolbox {
 		return tools.All(apis.Session(so).Client(), pages.Session(so).Client(), tcfg)
 	}
 }
-
 
 // breakerAlert tells the operator the primary model's breaker opened (calls
 // go to the fallback, or creations are refused) or closed again.

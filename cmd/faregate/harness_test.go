@@ -65,7 +65,10 @@ func (s *server) Stop() error { return s.stop() }
 // waits until /healthz answers. The server is stopped at the end of the test.
 func startServer(t testing.TB, env map[string]string) *server {
 	t.Helper()
-	full := map[string]string{"FAREGATE_ADDR": "127.0.0.1:0", "FAREGATE_LOG_FORMAT": "json", "FAREGATE_SHUTDOWN_TIMEOUT": "5s"}
+	// The request window and the failed-check throttle are tested on their
+	// own; other tests poll and retry freely.
+	full := map[string]string{"FAREGATE_ADDR": "127.0.0.1:0", "FAREGATE_LOG_FORMAT": "json", "FAREGATE_SHUTDOWN_TIMEOUT": "5s",
+		"FAREGATE_REQUESTS_PER_MINUTE": "1000000", "FAREGATE_FAILED_CHECKS_PER_HOUR": "1000000"}
 	for k, v := range env {
 		full[k] = v
 	}

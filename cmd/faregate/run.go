@@ -405,7 +405,9 @@ type limitedLog struct {
 	suppressed int
 }
 
-func (l *limitedLog) Printf(_ context.Context, format string, v ...any) { l.write(fmt.Sprintf(format, v...)) }
+func (l *limitedLog) Printf(_ context.Context, format string, v ...any) {
+	l.write(fmt.Sprintf(format, v...))
+}
 
 // Write lets it serve as http.Server's ErrorLog writer too.
 func (l *limitedLog) Write(p []byte) (int, error) {
