@@ -1,89 +1,310 @@
 package api
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"faregate/agent/task"
+	"faregate/agent/taskstore"
+	"faregate/protect/aitf"
+	"faregate/protect/budget"
+	"faregate/protect/policy"
+	"faregate/protect/quota"
+	"faregate/protect/ratelimit"
+	"faregate/protect/redistest"
+	"faregate/protect/turnstile"
 )
 
 func TestParseCreateRequest(t *testing.T) {
 	cases := []struct {
 		name, body string
 		field      string // "" = valid
+		lang       string
 	}{
-		{"valid", `{"turnstile_token":"t","destination":"Lisbon","days":3,"interests":["food"]}`, ""},
-		{"unknown fields ignored", `{"destination":"Rome","days":1,"extra":{"a":[1,2]}}`, ""},
-		{"null interests", `{"destination":"Rome","days":1,"interests":null}`, ""},
-		{"80 code points", `{"destination":"` + strings.Repeat("ö", 80) + `","days":7}`, ""},
-		{"81 code points", `{"destination":"` + strings.Repeat("ö", 81) + `","days":7}`, "destination"},
-		{"control character", `{"destination":"Rome\u0007","days":1}`, "destination"},
-		{"days float", `{"destination":"Rome","days":1.0}`, "days"},
-		{"days exponent", `{"destination":"Rome","days":1e0}`, "days"},
-		{"days string", `{"destination":"Rome","days":"1"}`, "days"},
-		{"days bool", `{"destination":"Rome","days":true}`, "days"},
-		{"interests object", `{"destination":"Rome","days":1,"interests":{"a":1}}`, "interests"},
-		{"interest 33", `{"destination":"Rome","days":1,"interests":["` + strings.Repeat("a", 33) + `"]}`, "interests"},
-		{"not an object", `"Rome"`, "body"},
-		{"null", `null`, "body"},
-		{"two objects", `{} {}`, "body"},
+		{"valid", `{"turnstile_token":"t","destination":"Lisbon","days":3,"interests":["food"]}`, "", ""},
+		{"unknown fields ignored", `{"destination":"Rome","days":1,"extra":{"a":[1,2]}}`, "", ""},
+		{"null interests", `{"destination":"Rome","days":1,"interests":null}`, "", ""},
+		{"80 code points", `{"destination":"` + strings.Repeat("ö", 80) + `","days":7}`, "", ""},
+		{"81 code points", `{"destination":"` + strings.Repeat("ö", 81) + `","days":7}`, "destination", ""},
+		{"control character", `{"destination":"Rome\u0007","days":1}`, "destination", ""},
+		{"days float", `{"destination":"Rome","days":1.0}`, "days", ""},
+		{"days exponent", `{"destination":"Rome","days":1e0}`, "days", ""},
+		{"days string", `{"destination":"Rome","days":"1"}`, "days", ""},
+		{"days bool", `{"destination":"Rome","days":true}`, "days", ""},
+		{"interests object", `{"destination":"Rome","days":1,"interests":{"a":1}}`, "interests", ""},
+		{"interest 33", `{"destination":"Rome","days":1,"interests":["` + strings.Repeat("a", 33) + `"]}`, "interests", ""},
+		{"language zh-CN", `{"destination":"北京","days":1,"language":"zh-CN"}`, "", "zh-CN"},
+		{"language any case", `{"destination":"北京","days":1,"language":"ZH-cn"}`, "", "zh-CN"},
+		{"language en", `{"destination":"Rome","days":1,"language":"en"}`, "", "en"},
+		{"language other", `{"destination":"Rome","days":1,"language":"fr"}`, "language", ""},
+		{"language number", `{"destination":"Rome","days":1,"language":1}`, "language", ""},
+		{"not an object", `"Rome"`, "body", ""},
+		{"null", `null`, "body", ""},
+		{"two objects", `{} {}`, "body", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, bad := parseCreateRequest([]byte(tc.body))
+			req, err := parseCreateRequest([]byte(tc.body))
+			var ie *InvalidError
 			switch {
-			case tc.field == "" && bad != nil:
-				t.Fatalf("refused: %+v", bad)
-			case tc.field != "" && (bad == nil || bad.fields[tc.field] == ""):
-				t.Fatalf("want a message for %q, got %+v", tc.field, bad)
+			case tc.field == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.field != "" && (!errors.As(err, &ie) || ie.Fields[tc.field] == ""):
+				t.Fatalf("want a message for %q, got %v", tc.field, err)
+			case tc.field == "" && req.Language != tc.lang:
+				t.Fatalf("language %q, want %q", req.Language, tc.lang)
 			}
 		})
 	}
 }
 
-func TestWriteErrorRetryAfter(t *testing.T) {
+func TestLanguageFrom(t *testing.T) {
+	cases := map[string]string{
+		"":                               "en",
+		"zh-CN,zh;q=0.9":                 "zh-CN",
+		"zh-TW":                          "zh-CN",
+		"en-GB,en;q=0.8,zh;q=0.5":        "en",
+		"fr-FR,zh;q=0.7,en;q=0.6":        "zh-CN",
+		"de":                             "en",
+		"en;q=0.2, zh-Hans-CN;q=0.9, *;": "zh-CN",
+	}
+	for in, want := range cases {
+		if got := languageFrom(in); got != want {
+			t.Errorf("languageFrom(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// budgetRefusal is a real *budget.ExhaustedError (its retry time is set by
+// the budget), from a budget with nothing left.
+func budgetRefusal(t *testing.T, now time.Time) error {
+	t.Helper()
+	b := budget.New(redistest.Mini(t).Client, budget.Options{Limits: budget.Limits{Site: 10, Principal: 10, Task: 10}, Now: func() time.Time { return now }})
+	err := b.CanAfford(context.Background(), budget.AffordRequest{Day: budget.Day(now), Principal: "v_x", PrincipalLimit: 10, Tokens: 100})
+	if !errors.Is(err, budget.ErrExhausted) {
+		t.Fatalf("budget refusal: %v", err)
+	}
+	return err
+}
+
+// TestErrorTable: each error the handlers meet chooses its status, its
+// code, its Retry-After and, for a 429, the RateLimit field that names the
+// refusing policy with the same t, in one table.
+func TestErrorTable(t *testing.T) {
+	now := time.Date(2026, 12, 1, 18, 48, 0, 0, time.UTC)
+	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000}}, errors: newErrorTable(errorRows())}
+	tier := Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
 	cases := []struct {
-		code  string
-		retry time.Duration
-		want  string
+		name   string
+		err    error
+		status int
+		code   string
+		retry  string // Retry-After; "" = none
+		rl     string // RateLimit; "" = none
 	}{
-		{CodeIPLimit, 5*time.Hour + 12*time.Minute, "18720"},
-		{CodeProtectionDown, 0, "5"},
-		{CodeProtectionDown, 2 * time.Minute, "30"}, // 503s suggest at most 30 s
-		{CodeAITFQueueFull, 1500 * time.Millisecond, "2"},
-		{CodeInvalidRequest, time.Hour, ""},
+		{"invalid", invalid("days", "must be 1 to 7"), 400, CodeInvalidRequest, "", ""},
+		{"prompt rule", &PromptRejectedError{Rule: "instruction_override"}, 400, CodePromptRejected, "", ""},
+		{"unknown key", &policy.KeyError{Fault: policy.KeyUnknown}, 401, CodeInvalidAPIKey, "", ""},
+		{"usage without key", errNoKey, 401, CodeInvalidAPIKey, "", ""},
+		{"turnstile", fmt.Errorf("%w: hostname", turnstile.ErrRejected), 403, CodeTurnstileFailed, "", ""},
+		{"task", task.ErrNotFound, 404, CodeTaskNotFound, "", ""},
+		{"route", ErrNotFound, 404, CodeNotFound, "", ""},
+		{"method", ErrMethodNotAllowed, 405, CodeMethodNotAllowed, "", ""},
+		{"too large", ErrTooLarge, 413, CodeRequestTooLarge, "", ""},
+		{"media", ErrUnsupportedMedia, 415, CodeUnsupportedMedia, "", ""},
+		{"visitor day", &quota.LimitError{Err: quota.ErrVisitorLimit, Limit: 5, After: quota.UntilReset(now)}, 429, CodeIPLimit, "18720", `"daily";r=0;t=18720`},
+		{"site day", &quota.LimitError{Err: quota.ErrGlobalLimit, Limit: 100, After: quota.UntilReset(now)}, 429, CodeGlobalLimit, "18720", `"daily";r=0;t=18720`},
+		{"key day", &quota.LimitError{Err: quota.ErrKeyLimit, Limit: 500, After: quota.UntilReset(now)}, 429, CodeKeyDailyLimit, "18720", `"daily";r=0;t=18720`},
+		{"budget", budgetRefusal(t, now), 429, CodeBudgetExhausted, "18720", `"budget";r=10;t=18720`},
+		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, CodeTooManyStreams, "5", ""},
+		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
+		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, CodeTooManyFailedChecks, "1800", ""},
+		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, CodeTooManyFailedChecks, "90", ""},
+		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", ""},
+		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, CodeTokenRateLimited, "12", `"tpm";r=0;t=12`},
+		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, CodeTokenRateLimited, "10", `"tpm";r=0;t=10`},
+		{"panic", errPanic, 500, CodeInternal, "", ""},
+		{"unknown", errors.New("something else"), 500, CodeInternal, "", ""},
+		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
+		{"redis for budget", budget.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
+		{"redis for limits", ratelimit.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
+		{"redis for tasks", taskstore.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
+		{"siteverify", turnstile.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
+		{"model", errModelUnavailable, 503, CodeModelUnavailable, "5", ""},
+		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, CodeAITFQueueFull, "2", ""},
+		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, CodeServerBusy, "5", ""},
+		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, CodeServerBusy, "30", ""},
+		{"joined", errors.Join(errors.New("x"), ratelimit.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
 	}
 	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &state{id: "req-1", tier: tier}
+			r := httptest.NewRequest("POST", "/api/tasks", nil)
+			r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+			w := httptest.NewRecorder()
+			s.writeErr(w, r, tc.err)
+			if w.Code != tc.status || st.code != tc.code {
+				t.Fatalf("%d %s, want %d %s", w.Code, st.code, tc.status, tc.code)
+			}
+			var env map[string]map[string]any
+			if err := json.Unmarshal(w.Body.Bytes(), &env); err != nil {
+				t.Fatalf("body %q: %v", w.Body, err)
+			}
+			if env["error"]["code"] != tc.code || env["error"]["request_id"] != "req-1" || env["error"]["message"] == "" {
+				t.Fatalf("envelope %s", w.Body)
+			}
+			if strings.Contains(w.Body.String(), "something else") || strings.Contains(w.Body.String(), "dial") {
+				t.Fatalf("an internal error text reached the client: %s", w.Body)
+			}
+			if got := w.Header().Get("Retry-After"); got != tc.retry {
+				t.Fatalf("Retry-After %q, want %q", got, tc.retry)
+			}
+			if got := w.Header().Get("RateLimit"); got != tc.rl {
+				t.Fatalf("RateLimit %q, want %q", got, tc.rl)
+			}
+			if tc.rl != "" && !strings.HasSuffix(tc.rl, "t="+tc.retry) {
+				t.Fatalf("the case itself is wrong: t must equal Retry-After")
+			}
+			if ct := w.Header().Get("Content-Type"); ct != "application/json; charset=utf-8" {
+				t.Fatalf("content type %q", ct)
+			}
+		})
+	}
+	// The invalid envelope names its fields; the prompt refusal its rule.
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{invalid("days", "must be 1 to 7"), `"fields":{"days":"must be 1 to 7"}`},
+		{&PromptRejectedError{Rule: "instruction_override"}, `(rule: instruction_override)`},
+	} {
 		w := httptest.NewRecorder()
-		writeError(w, httptest.NewRequest("GET", "/", nil), tc.code, tc.retry, nil)
-		if got := w.Header().Get("Retry-After"); got != tc.want {
-			t.Errorf("%s: Retry-After %q, want %q", tc.code, got, tc.want)
-		}
-		if w.Code != errorTable[tc.code].status || !strings.Contains(w.Body.String(), `"code":"`+tc.code+`"`) {
-			t.Errorf("%s: %d %s", tc.code, w.Code, w.Body.String())
+		s.writeErr(w, httptest.NewRequest("POST", "/", nil), c.err)
+		if !strings.Contains(w.Body.String(), c.want) {
+			t.Errorf("%s lacks %s", w.Body, c.want)
 		}
 	}
 }
 
 func TestValidStreamID(t *testing.T) {
-	for s, want := range map[string]bool{"1700000000000-0": true, "1-2": true, "0": true, "": false, "-1": false, "1-": false, "1-2-3": false, "abc": false} {
+	for s, want := range map[string]bool{"1700000000000-0": true, "1-2": true, "0": true, "": false, "-1": false, "1-": false, "1-2-3": false, "abc": false, "1-x": false} {
 		if validStreamID(s) != want {
 			t.Errorf("validStreamID(%q) = %v", s, !want)
 		}
 	}
 }
 
-func TestRequestIDTrust(t *testing.T) {
-	h := requestIDs(nil, discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	r := httptest.NewRequest("GET", "/", nil)
-	r.Header.Set("X-Request-Id", "from-client")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if got := w.Header().Get("X-Request-Id"); got == "from-client" || len(got) != 24 {
-		t.Fatalf("untrusted client id kept: %q", got)
+func TestRequestID(t *testing.T) {
+	if !validRequestID("abc-123_x.y:z") || validRequestID(`a"b`) || validRequestID(strings.Repeat("a", 129)) || validRequestID("") {
+		t.Fatal("validRequestID")
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		id := newRequestID()
+		if len(id) != 24 || !validRequestID(id) || seen[id] {
+			t.Fatalf("request id %q", id)
+		}
+		seen[id] = true
 	}
 }
 
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+func TestSummary(t *testing.T) {
+	var buf strings.Builder
+	lg := slog.New(slog.NewTextHandler(&buf, nil))
+	s := newSummary()
+	for i := 0; i < 1000; i++ {
+		s.add(CodeIPLimit, fmt.Sprintf("v:%012d", i%100))
+	}
+	for i := 0; i < 30; i++ {
+		s.add(CodeTurnstileFailed, "v:000000000007")
+	}
+	s.note("aitf_observed")
+	s.flush(lg, 10*time.Second)
+	line := buf.String()
+	for _, want := range []string{"total=1030", "demo_ip_limit_reached=1000 turnstile_failed=30", "top=\"v:000000000007=40 ", `noted="aitf_observed=1"`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("summary %q lacks %q", line, want)
+		}
+	}
+	if strings.Count(line, "\n") != 1 {
+		t.Fatalf("summary wrote %d lines", strings.Count(line, "\n"))
+	}
+	buf.Reset()
+	s.flush(lg, 10*time.Second)
+	if buf.Len() != 0 {
+		t.Fatalf("an empty interval wrote %q", buf.String())
+	}
+}
+
+func TestStreamCaps(t *testing.T) {
+	c := newStreamCaps(2, 3)
+	r1, err := c.acquire("v:a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.acquire("v:a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.acquire("v:a"); !errors.Is(err, ErrTooManyStreams) {
+		t.Fatalf("third stream of one principal: %v", err)
+	}
+	if _, err := c.acquire("v:b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.acquire("v:c"); !errors.Is(err, ErrServerBusy) {
+		t.Fatalf("stream past the process cap: %v", err)
+	}
+	r1()
+	r1() // releasing twice frees one slot only
+	if _, err := c.acquire("v:c"); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	if c.open() != 3 {
+		t.Fatalf("open %d, want 3", c.open())
+	}
+}
+
+func TestMemo(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	m := newMemo(2, func() time.Time { return now })
+	m.remember("v:a", ratelimit.ErrTooManyFailedChecks, time.Minute)
+	err := m.refusal("v:a")
+	var ra interface{ RetryAfter() time.Duration }
+	if !errors.Is(err, ratelimit.ErrTooManyFailedChecks) || !errors.As(err, &ra) || ra.RetryAfter() != time.Minute {
+		t.Fatalf("refusal %v", err)
+	}
+	now = now.Add(59 * time.Second)
+	if err := m.refusal("v:a"); err == nil {
+		t.Fatal("forgotten too early")
+	}
+	now = now.Add(time.Second)
+	if err := m.refusal("v:a"); err != nil {
+		t.Fatalf("still refused at its end: %v", err)
+	}
+	// Full: expired entries make room, live ones are kept.
+	m.remember("v:b", ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember("v:c", ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember("v:d", ratelimit.ErrAnomalyBlocked, time.Hour)
+	if m.refusal("v:b") == nil || m.refusal("v:c") == nil || m.refusal("v:d") != nil {
+		t.Fatal("capacity not respected")
+	}
+}
+
+func TestSetRateLimit(t *testing.T) {
+	h := http.Header{}
+	setRateLimit(h, rlItem{"daily", 5, 86400, 4, 3600}, rlItem{"rpm", 120, 60, -1, 60})
+	if got := h.Get("RateLimit-Policy"); got != `"daily";q=5;w=86400, "rpm";q=120;w=60` {
+		t.Fatalf("policy %q", got)
+	}
+	if got := h.Get("RateLimit"); got != `"daily";r=4;t=3600, "rpm";r=0;t=60` {
+		t.Fatalf("ratelimit %q", got)
+	}
+}

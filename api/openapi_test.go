@@ -2,12 +2,14 @@ package api_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
+	"faregate/agent/task"
 	"faregate/api"
 	"faregate/api/apitest"
 )
@@ -198,4 +200,26 @@ var errorStatus = map[string]int{
 	"too_many_failed_checks": 429, "token_rate_limited": 429, "key_daily_limit_reached": 429,
 	"anomaly_blocked": 429, "internal_error": 500, "demo_protection_unavailable": 503,
 	"model_unavailable": 503, "aitf_queue_full": 503, "server_busy": 503,
+}
+
+// TestCodesMatchOpenAPI: every code of the error table is in the OpenAPI
+// document's ErrorCode enum, and the enum names no code the table cannot
+// answer with.
+func TestCodesMatchOpenAPI(t *testing.T) {
+	v, err := apitest.NewValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := v.Enum("ErrorCode")
+	slices.Sort(enum)
+	codes := api.Codes()
+	if fmt.Sprint(codes) != fmt.Sprint(enum) {
+		t.Fatalf("error table %v\nOpenAPI enum %v", codes, enum)
+	}
+	taskCodes := v.Enum("TaskErrorCode")
+	for _, c := range []string{task.CodeModelUnavailable, task.CodeAgentFailed, task.CodeWorkerLost, task.CodeInputSpike, task.CodeTokenRateLimited} {
+		if !slices.Contains(taskCodes, c) {
+			t.Errorf("task code %s missing from TaskErrorCode", c)
+		}
+	}
 }

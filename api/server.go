@@ -239,8 +239,8 @@ func PrincipalScope(r *http.Request) string {
 	return "v:" + st.visitor.Key()
 }
 
-// Codes lists every error code the server can answer with.
-func (srv *Server) Codes() []string { return srv.s.errors.Codes() }
+// Codes lists every error code the API can answer with.
+func Codes() []string { return newErrorTable(errorRows()).Codes() }
 
 // RoutePattern is the chi route pattern of a routed request ("unmatched"
 // before routing), a label that cannot grow with user input.
