@@ -150,6 +150,12 @@ func (v *Validator) Check(req *http.Request, status int, header http.Header, bod
 		return nil
 	}
 	what := fmt.Sprintf("%s %s → %d", req.Method, req.URL.Path, status)
+	if ep := req.URL.EscapedPath(); ep != req.URL.Path {
+		// Route on the path as sent: an escaped slash stays inside its
+		// segment, as it does for the server's router.
+		req = req.Clone(req.Context())
+		req.URL.Path, req.URL.RawPath = ep, ""
+	}
 	route, params, err := v.router.FindRoute(req)
 	if err != nil {
 		var re *routers.RouteError

@@ -345,7 +345,7 @@ func secondsToUTCMidnight() float64 {
 func browserHappyPath(t *testing.T, parent context.Context, shots string) {
 	s := startServer(t, browserServerEnv(t, nil))
 	b := openTab(t, parent, shots, "happy-path", 390, 844)
-	b.open(s.URL)
+	b.open(s.Web)
 	type banners struct{ Dev, TestCheck, Offline bool }
 	if got := jsValue[banners](b, `({Dev: !document.getElementById('dev-banner').hidden,
 		TestCheck: !document.getElementById('dev-banner-turnstile').hidden,
@@ -453,7 +453,7 @@ func browserTurnstileRejected(t *testing.T, parent context.Context, shots string
 	b := openTab(t, parent, shots, "turnstile-rejected", 1280, 900)
 	// The button waits for the widget's token, so open also proves the
 	// stand-in loaded through the CSP and handed one over.
-	b.open(s.URL)
+	b.open(s.Web)
 	if jsValue[bool](b, `!document.getElementById('dev-banner-turnstile').hidden`) {
 		t.Error("the simulated-check banner shows although a secret is set")
 	}
@@ -489,7 +489,7 @@ func browserTurnstileRejected(t *testing.T, parent context.Context, shots string
 func browserVisitorLimit(t *testing.T, parent context.Context, shots string) {
 	s := startServer(t, browserServerEnv(t, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "1"}))
 	b := openTab(t, parent, shots, "visitor-limit", 1280, 900)
-	b.open(s.URL)
+	b.open(s.Web)
 	b.fill("Rome", 2)
 	b.submit()
 	b.waitTaskDone()
@@ -533,7 +533,7 @@ func browserRedisOutage(t *testing.T, parent context.Context, shots string) {
 	rs := redistest.Start(t)
 	s := startServer(t, browserServerEnv(t, realRedisEnv(rs.URL(), nil)))
 	b := openTab(t, parent, shots, "redis-back", 1280, 900)
-	b.open(s.URL)
+	b.open(s.Web)
 	b.fill("Paris", 2)
 
 	rs.Stop()
@@ -577,7 +577,7 @@ func browserRedisOutage(t *testing.T, parent context.Context, shots string) {
 func browserInvalidInput(t *testing.T, parent context.Context, shots string) {
 	s := startServer(t, browserServerEnv(t, nil))
 	b := openTab(t, parent, shots, "invalid-input", 1280, 900)
-	b.open(s.URL)
+	b.open(s.Web)
 
 	cases := []struct {
 		name        string
@@ -687,7 +687,7 @@ func browserModelMarkup(t *testing.T, parent context.Context, shots string) {
 		}
 	}()
 
-	b.open(s.URL)
+	b.open(s.Web)
 	if jsValue[bool](b, `!document.getElementById('offline-note').hidden`) {
 		t.Error("offline note shown with a real model configured")
 	}
@@ -747,7 +747,7 @@ func browserChinese(t *testing.T, parent context.Context, shots string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b.open(s.URL)
+	b.open(s.Web)
 	b.wait(`document.documentElement.lang === 'zh-CN' && document.getElementById('lang').value === 'zh-CN'`)
 	wantChinese(t, "submit button", b.text("submit"))
 
@@ -776,7 +776,7 @@ func browserChinese(t *testing.T, parent context.Context, shots string) {
 func browserChinesePlan(t *testing.T, parent context.Context, shots string) {
 	s := startServer(t, browserServerEnv(t, nil))
 	b := openTab(t, parent, shots, "chinese-plan", 390, 844)
-	b.open(s.URL)
+	b.open(s.Web)
 	jsValue[chromedp.Void](b, `(() => { const s = document.getElementById('lang'); s.value = 'zh-CN'; s.dispatchEvent(new Event('change')); })()`)
 	b.wait(`document.documentElement.lang === 'zh-CN'`)
 	b.fill("杭州", 2, "food")

@@ -8,10 +8,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"faregate/api/apitest"
 )
 
 // syncBuffer collects what run writes (start-up lines and logs) safely.
@@ -51,9 +57,31 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// openAPI checks every answer the end-to-end tests receive (through do,
+// readSSE and the browser's proxy) against the served OpenAPI document.
+var openAPI = func() *apitest.Validator {
+	v, err := apitest.NewValidator()
+	if err != nil {
+		panic(err)
+	}
+	return v
+}()
+
+// TestMain reports how many answers were checked against the document.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if n := openAPI.Checked(); n > 0 {
+		fmt.Printf("openapi: %d responses validated against api/openapi.json\n", n)
+	}
+	os.Exit(code)
+}
+
 // server is a faregate started through run, as the binary would be.
 type server struct {
-	URL  string
+	URL string
+	// Web is URL behind a proxy that checks every answer against the
+	// OpenAPI document: for browsers, whose requests the test cannot see.
+	Web  string
 	Out  *syncBuffer
 	stop func() error
 }
@@ -105,6 +133,16 @@ func startServer(t testing.TB, env map[string]string) *server {
 		}
 	})
 	waitHealthy(t, url)
+	target, _ := neturl.Parse(url)
+	proxy := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: openAPI.Transport(nil, func(err error) {
+			t.Errorf("OpenAPI: %v", err)
+		}),
+		FlushInterval: -1, // event streams pass at once
+	})
+	t.Cleanup(proxy.Close)
+	s.Web = proxy.URL
 	return s
 }
 
@@ -165,6 +203,9 @@ func do(t testing.TB, method, url string, body string, header map[string]string)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
+	if err := openAPI.Check(req, resp.StatusCode, resp.Header, raw); err != nil {
+		t.Errorf("OpenAPI: %v", err)
+	}
 	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
 	_ = json.Unmarshal(raw, &r.Body)
 	return r
@@ -214,6 +255,9 @@ func readSSE(t testing.TB, url string, lastID string, n int) []sseEvent {
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("events: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if err := openAPI.Check(req, resp.StatusCode, resp.Header, nil); err != nil {
+		t.Errorf("OpenAPI: %v", err)
 	}
 	var out []sseEvent
 	var cur sseEvent
