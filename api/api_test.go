@@ -221,10 +221,10 @@ func TestSummary(t *testing.T) {
 	lg := slog.New(slog.NewTextHandler(&buf, nil))
 	s := newSummary()
 	for i := 0; i < 1000; i++ {
-		s.add(CodeIPLimit, fmt.Sprintf("v:%012d", i%100))
+		s.add(CodeIPLimit, []byte(fmt.Sprintf("v:%012d", i%100)))
 	}
 	for i := 0; i < 30; i++ {
-		s.add(CodeTurnstileFailed, "v:000000000007")
+		s.add(CodeTurnstileFailed, []byte("v:000000000007"))
 	}
 	s.note("aitf_observed")
 	s.flush(lg, 10*time.Second)
@@ -275,25 +275,25 @@ func TestStreamCaps(t *testing.T) {
 func TestMemo(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	m := newMemo(2, func() time.Time { return now })
-	m.remember("v:a", ratelimit.ErrTooManyFailedChecks, time.Minute)
-	err := m.refusal("v:a")
+	m.remember(Principal{Kind: KindVisitor, ID: "a"}, ratelimit.ErrTooManyFailedChecks, time.Minute)
+	err := m.refusal(Principal{Kind: KindVisitor, ID: "a"})
 	var ra interface{ RetryAfter() time.Duration }
 	if !errors.Is(err, ratelimit.ErrTooManyFailedChecks) || !errors.As(err, &ra) || ra.RetryAfter() != time.Minute {
 		t.Fatalf("refusal %v", err)
 	}
 	now = now.Add(59 * time.Second)
-	if err := m.refusal("v:a"); err == nil {
+	if err := m.refusal(Principal{Kind: KindVisitor, ID: "a"}); err == nil {
 		t.Fatal("forgotten too early")
 	}
 	now = now.Add(time.Second)
-	if err := m.refusal("v:a"); err != nil {
+	if err := m.refusal(Principal{Kind: KindVisitor, ID: "a"}); err != nil {
 		t.Fatalf("still refused at its end: %v", err)
 	}
 	// Full: expired entries make room, live ones are kept.
-	m.remember("v:b", ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember("v:c", ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember("v:d", ratelimit.ErrAnomalyBlocked, time.Hour)
-	if m.refusal("v:b") == nil || m.refusal("v:c") == nil || m.refusal("v:d") != nil {
+	m.remember(Principal{Kind: KindVisitor, ID: "b"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(Principal{Kind: KindVisitor, ID: "c"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(Principal{Kind: KindVisitor, ID: "d"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	if m.refusal(Principal{Kind: KindVisitor, ID: "b"}) == nil || m.refusal(Principal{Kind: KindVisitor, ID: "c"}) == nil || m.refusal(Principal{Kind: KindVisitor, ID: "d"}) != nil {
 		t.Fatal("capacity not respected")
 	}
 }

@@ -183,8 +183,9 @@ func retryAfter(spec *errorSpec, err error) (int64, bool) {
 		return 0, false
 	}
 	var d time.Duration
-	var ra interface{ RetryAfter() time.Duration }
-	if errors.As(err, &ra) {
+	if ra, ok := err.(interface{ RetryAfter() time.Duration }); ok {
+		d = ra.RetryAfter()
+	} else if errors.As(err, &ra) {
 		d = ra.RetryAfter()
 	}
 	if d <= 0 {

@@ -29,10 +29,14 @@ func (s *server) bodyShape(next http.Handler) http.Handler {
 			s.writeErr(w, r, ErrTooLarge)
 			return
 		}
-		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-		if err != nil || mt != "application/json" {
-			s.writeErr(w, r, ErrUnsupportedMedia)
-			return
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+			// The exact common form needs no parsing (ParseMediaType
+			// allocates a map even when there are no parameters).
+			mt, _, err := mime.ParseMediaType(ct)
+			if err != nil || mt != "application/json" {
+				s.writeErr(w, r, ErrUnsupportedMedia)
+				return
+			}
 		}
 		if r.ContentLength < 0 && r.Body != nil {
 			r.Body = &capReader{r: r.Body, left: MaxBody + 1}
@@ -105,7 +109,7 @@ func (s *server) remembered(next http.Handler) http.Handler {
 			s.writeErr(w, r, err)
 			return
 		}
-		if err := s.memo.refusal(st.principal.Scope()); err != nil {
+		if err := s.memo.refusal(st.principal); err != nil {
 			s.writeErr(w, r, err)
 			return
 		}
@@ -139,7 +143,7 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 			if err != nil {
 				var re *ratelimit.RefusedError
 				if errors.As(err, &re) && re.Reason != ratelimit.ReasonRateLimited {
-					s.memo.remember(st.principal.Scope(), re.Unwrap(), re.RetryAfter())
+					s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
 				}
 				s.writeErr(w, r, err)
 				return
@@ -166,7 +170,7 @@ func (s *server) failedCheck(r *http.Request, st *state) {
 		return
 	}
 	if blocked > 0 {
-		s.memo.remember(st.principal.Scope(), ratelimit.ErrTooManyFailedChecks, blocked)
+		s.memo.remember(st.principal, ratelimit.ErrTooManyFailedChecks, blocked)
 	}
 }
 

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,6 +62,6 @@ func (m *metrics) streams(reg prometheus.Registerer, caps *streamCaps) {
 
 // observe counts one finished request.
 func (m *metrics) observe(route, method string, status int, took time.Duration) {
-	m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+	m.requests.WithLabelValues(route, method, statusText(status)).Inc()
 	m.duration.WithLabelValues(route, statusClass(status)).Observe(took.Seconds())
 }

@@ -36,6 +36,11 @@ type state struct {
 	admitted string
 	status   int
 	bytes    int64
+
+	// Allocated with the state, so a request costs one allocation for all
+	// three: the response recorder and the X-Request-Id header value.
+	rec   recorder
+	idHdr [1]string
 }
 
 type stateKey struct{}
@@ -120,15 +125,16 @@ func (rw *recorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
 func (s *server) front(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := &state{start: time.Now()}
-		trusted := s.d.Visitors.TrustedPeer(r)
-		if id := r.Header.Get("X-Request-Id"); trusted && validRequestID(id) {
+		if id := r.Header.Get("X-Request-Id"); id != "" && validRequestID(id) && s.d.Visitors.TrustedPeer(r) {
 			st.id = id
 		} else {
 			st.id = newRequestID()
 		}
-		w.Header()["X-Request-Id"] = []string{st.id}
+		st.idHdr[0] = st.id
+		w.Header()["X-Request-Id"] = st.idHdr[:]
 		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
-		rw := &recorder{ResponseWriter: w, st: st}
+		st.rec = recorder{ResponseWriter: w, st: st}
+		rw := &st.rec
 		defer s.finish(rw, r, st)
 
 		if connlimit.Refused(r.Context()) {
@@ -164,7 +170,7 @@ func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 	if st.status == 0 {
 		st.status = http.StatusOK
 	}
-	route := RoutePattern(r)
+	route := s.routes.of(r)
 	took := time.Since(st.start)
 	s.m.observe(route, r.Method, st.status, took)
 
@@ -175,7 +181,8 @@ func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 		lg.LogAttrs(context.Background(), slog.LevelWarn, "request failed", s.accessAttrs(r, st, route, took)...)
 	case st.status >= 400:
 		s.m.denials.WithLabelValues(st.code).Inc()
-		s.summary.add(st.code, st.principalLabel())
+		var buf [80]byte
+		s.summary.add(st.code, st.appendPrincipal(buf[:0]))
 		if lg.Enabled(context.Background(), slog.LevelDebug) {
 			lg.LogAttrs(context.Background(), slog.LevelDebug, "request refused", s.accessAttrs(r, st, route, took)...)
 		}
@@ -223,6 +230,21 @@ func (st *state) principalLabel() string {
 	return st.visitor.String()
 }
 
+// appendPrincipal appends principalLabel to b.
+func (st *state) appendPrincipal(b []byte) []byte {
+	p := st.principal
+	if p.Kind == "" {
+		p = Principal{Kind: KindVisitor, ID: st.visitor.Key()}
+	}
+	if p.Kind == KindKey {
+		return append(append(b, "k:"...), p.ID...)
+	}
+	if len(p.ID) < 12 {
+		return append(b, "v:none"...)
+	}
+	return append(append(b, "v:"...), p.ID[:12]...)
+}
+
 // errPanic is what a recovered panic is answered as.
 var errPanic = &panicError{}
 
@@ -235,5 +257,23 @@ func statusClass(status int) string {
 	if status < 100 || status > 599 {
 		return "other"
 	}
-	return strconv.Itoa(status/100) + "xx"
+	return statusClasses[status/100]
 }
+
+var statusClasses = [6]string{"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"}
+
+// statusText is the status as a label, without allocating for the codes
+// this server answers with.
+func statusText(status int) string {
+	if status >= 100 && status < 600 {
+		return statusTexts[status]
+	}
+	return strconv.Itoa(status)
+}
+
+var statusTexts = func() (out [600]string) {
+	for i := 100; i < 600; i++ {
+		out[i] = strconv.Itoa(i)
+	}
+	return out
+}()

@@ -70,8 +70,15 @@ type memo struct {
 	cap int
 
 	mu sync.Mutex
-	m  map[string]memoEntry
+	m  map[memoKey]memoEntry
 }
+
+// memoKey is a principal without its tier: a refusal belongs to who was
+// refused, whatever a reload makes of its tier. A struct key costs no
+// allocation per lookup.
+type memoKey struct{ kind, id string }
+
+func keyOf(p Principal) memoKey { return memoKey{p.Kind, p.ID} }
 
 type memoEntry struct {
 	err   error
@@ -79,11 +86,12 @@ type memoEntry struct {
 }
 
 func newMemo(capacity int, now func() time.Time) *memo {
-	return &memo{now: now, cap: capacity, m: map[string]memoEntry{}}
+	return &memo{now: now, cap: capacity, m: map[memoKey]memoEntry{}}
 }
 
-// remember refuses scope with err until the time err's RetryAfter names.
-func (m *memo) remember(scope string, err error, after time.Duration) {
+// remember refuses p with err for after.
+func (m *memo) remember(p Principal, err error, after time.Duration) {
+	scope := keyOf(p)
 	if after <= 0 {
 		return
 	}
@@ -108,8 +116,9 @@ func (m *memo) remember(scope string, err error, after time.Duration) {
 	m.m[scope] = memoEntry{err: err, until: until}
 }
 
-// refusal returns the remembered refusal of scope with the time left, or nil.
-func (m *memo) refusal(scope string) error {
+// refusal returns the remembered refusal of p with the time left, or nil.
+func (m *memo) refusal(p Principal) error {
+	scope := keyOf(p)
 	m.mu.Lock()
 	e, ok := m.m[scope]
 	m.mu.Unlock()

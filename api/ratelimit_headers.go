@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"faregate/protect/budget"
 	"faregate/protect/quota"
@@ -36,23 +35,47 @@ func setRateLimit(h http.Header, items ...rlItem) {
 	if len(items) == 0 {
 		return
 	}
-	var pol, cur strings.Builder
+	// One buffer for both fields: the refusal path writes them on every 429.
+	var buf [192]byte
+	b := buf[:0]
 	for i, it := range items {
 		if i > 0 {
-			pol.WriteString(", ")
-			cur.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		pol.WriteString(`"` + it.name + `";q=` + strconv.FormatInt(max(it.q, 0), 10) + ";w=" + strconv.FormatInt(it.w, 10))
-		cur.WriteString(`"` + it.name + `";r=` + strconv.FormatInt(max(it.r, 0), 10) + ";t=" + strconv.FormatInt(max(it.t, 0), 10))
+		b = append(b, '"')
+		b = append(b, it.name...)
+		b = append(b, `";q=`...)
+		b = strconv.AppendInt(b, max(it.q, 0), 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, it.w, 10)
 	}
-	h["Ratelimit-Policy"] = []string{pol.String()}
-	h["Ratelimit"] = []string{cur.String()}
+	split := len(b)
+	for i, it := range items {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, '"')
+		b = append(b, it.name...)
+		b = append(b, `";r=`...)
+		b = strconv.AppendInt(b, max(it.r, 0), 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, max(it.t, 0), 10)
+	}
+	both := string(b)
+	vals := [2]string{both[:split], both[split:]}
+	h["Ratelimit-Policy"] = vals[0:1:1]
+	h["Ratelimit"] = vals[1:2:2]
 }
 
 // rateLimitHeaders names, on a 429, the policy that refused, with the same
 // t as the Retry-After it goes with (one rounding rule: ceilSeconds).
 func (s *server) rateLimitHeaders(h http.Header, st *state, err error) {
 	if err == nil || st == nil {
+		return
+	}
+	if le, ok := err.(*quota.LimitError); ok {
+		// The refusal path's own error: no chain to walk.
+		setRateLimit(h, rlItem{policyDaily, le.Limit, 86400, 0, ceilSeconds(le.RetryAfter())})
 		return
 	}
 	var (

@@ -16,7 +16,6 @@ var (
 	hdrNoStore     = []string{"no-store"}
 	hdrNoSniff     = []string{"nosniff"}
 	hdrReferrer    = []string{"strict-origin-when-cross-origin"}
-	hdrFrameDeny   = []string{"DENY"}
 	hdrCSPJSON     = []string{"default-src 'none'; frame-ancestors 'none'"}
 	hdrCloseConn   = []string{"close"}
 	retryAfterHdrs = func() [61][]string {
@@ -30,14 +29,13 @@ var (
 
 // jsonHeaders sets what every JSON answer carries: its type, no caching,
 // and the short CSP a document-less answer needs (the page's full CSP is
-// for the page).
+// for the page; frame-ancestors 'none' is what X-Frame-Options would say).
 func jsonHeaders(h http.Header) {
 	h["Content-Type"] = hdrJSON
 	h["Cache-Control"] = hdrNoStore
 	h["Content-Security-Policy"] = hdrCSPJSON
 	h["X-Content-Type-Options"] = hdrNoSniff
 	h["Referrer-Policy"] = hdrReferrer
-	h["X-Frame-Options"] = hdrFrameDeny
 }
 
 func setRetryAfter(h http.Header, secs int64) {
@@ -68,13 +66,17 @@ func (s *server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	s.rateLimitHeaders(h, st, err)
 	var fields map[string]string
 	var message string
-	var ie *InvalidError
-	var pe *PromptRejectedError
-	switch {
-	case errors.As(err, &ie):
-		fields = ie.Fields
-	case errors.As(err, &pe):
-		message = spec.message + " (rule: " + pe.Rule + ")"
+	switch spec.code {
+	case CodeInvalidRequest:
+		var ie *InvalidError
+		if errors.As(err, &ie) {
+			fields = ie.Fields
+		}
+	case CodePromptRejected:
+		var pe *PromptRejectedError
+		if errors.As(err, &pe) {
+			message = spec.message + " (rule: " + pe.Rule + ")"
+		}
 	}
 	bp := bufPool.Get().(*[]byte)
 	b := (*bp)[:0]

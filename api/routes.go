@@ -3,18 +3,19 @@ package api
 import (
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// routes is the whole HTTP surface on one screen. The order of the checks
+// router is the whole HTTP surface on one screen. The order of the checks
 // matters and follows the contract: the front middleware (id, visitor,
 // connection limit) for everything; then, under /api, CORS, the body's
 // shape from its headers, and the principal (a bad key is 401); then per
 // route the request window and the AITF scorer. POST /api/tasks runs its
 // own further checks in order (tasks.go).
-func (s *server) routes() http.Handler {
+func (s *server) router() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.front)
 
@@ -97,4 +98,39 @@ func (s *server) handleOpenAPI() http.Handler {
 		h["Content-Security-Policy"] = hdrCSPJSON
 		_, _ = w.Write(s.d.OpenAPI)
 	})
+}
+
+// routeNames remembers the route label of each chain of chi patterns:
+// chi joins them anew on every call, and every request's metrics need it.
+// The set is bounded by the route table.
+type routeNames struct {
+	mu sync.RWMutex
+	m  map[[3]string]string
+}
+
+// of is RoutePattern(r), cached.
+func (rn *routeNames) of(r *http.Request) string {
+	rc := chi.RouteContext(r.Context())
+	if rc == nil || len(rc.RoutePatterns) == 0 {
+		return "unmatched"
+	}
+	if len(rc.RoutePatterns) > 3 {
+		return RoutePattern(r)
+	}
+	var k [3]string
+	copy(k[:], rc.RoutePatterns)
+	rn.mu.RLock()
+	v, ok := rn.m[k]
+	rn.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = RoutePattern(r)
+	rn.mu.Lock()
+	if rn.m == nil {
+		rn.m = map[[3]string]string{}
+	}
+	rn.m[k] = v
+	rn.mu.Unlock()
+	return v
 }

@@ -183,6 +183,7 @@ type server struct {
 	streams *streamCaps
 	memo    *memo
 	ready   *readiness
+	routes  routeNames
 }
 
 // NewServer returns the HTTP API.
@@ -206,7 +207,7 @@ func NewServer(d Deps) *Server {
 		ready:   &readiness{probe: d.Ready, now: d.Now},
 	}
 	s.m.streams(d.Registry, s.streams)
-	return &Server{h: s.routes(), s: s}
+	return &Server{h: s.router(), s: s}
 }
 
 // ServeHTTP implements http.Handler.

@@ -19,7 +19,7 @@ type summary struct {
 	mu          sync.Mutex
 	total       int64
 	byCode      map[string]int64
-	byPrincipal map[string]int64
+	byPrincipal map[string]*int64
 	dropped     int64 // principals not tracked because the map was full
 	extra       map[string]int64
 }
@@ -32,19 +32,23 @@ const summaryPrincipals = 10_000
 const summaryTop = 5
 
 func newSummary() *summary {
-	return &summary{byCode: map[string]int64{}, byPrincipal: map[string]int64{}, extra: map[string]int64{}}
+	return &summary{byCode: map[string]int64{}, byPrincipal: map[string]*int64{}, extra: map[string]int64{}}
 }
 
-// add counts one refusal.
-func (s *summary) add(code, principal string) {
+// add counts one refusal of principal (its log form, see Principal.String,
+// given as bytes so a principal seen before costs no allocation).
+func (s *summary) add(code string, principal []byte) {
 	if code == "" {
 		code = "other"
 	}
 	s.mu.Lock()
 	s.total++
 	s.byCode[code]++
-	if _, ok := s.byPrincipal[principal]; ok || len(s.byPrincipal) < summaryPrincipals {
-		s.byPrincipal[principal]++
+	if n := s.byPrincipal[string(principal)]; n != nil {
+		*n++
+	} else if len(s.byPrincipal) < summaryPrincipals {
+		one := int64(1)
+		s.byPrincipal[string(principal)] = &one
 	} else {
 		s.dropped++
 	}
@@ -66,7 +70,7 @@ func (s *summary) flush(lg *slog.Logger, interval time.Duration) {
 	total, byCode, byPrincipal, extra := s.total, s.byCode, s.byPrincipal, s.extra
 	dropped := s.dropped
 	s.total, s.dropped = 0, 0
-	s.byCode, s.byPrincipal, s.extra = map[string]int64{}, map[string]int64{}, map[string]int64{}
+	s.byCode, s.byPrincipal, s.extra = map[string]int64{}, map[string]*int64{}, map[string]int64{}
 	s.mu.Unlock()
 	if total == 0 && len(extra) == 0 {
 		return
@@ -75,7 +79,7 @@ func (s *summary) flush(lg *slog.Logger, interval time.Duration) {
 		slog.String("interval", interval.String()),
 		slog.Int64("total", total),
 		slog.String("codes", counts(byCode, len(byCode))),
-		slog.String("top", counts(byPrincipal, summaryTop)),
+		slog.String("top", counts(deref(byPrincipal), summaryTop)),
 	}
 	if dropped > 0 {
 		attrs = append(attrs, slog.Int64("untracked", dropped))
@@ -124,4 +128,12 @@ func (s *summary) run(ctx context.Context, lg *slog.Logger, interval time.Durati
 			s.flush(lg, interval)
 		}
 	}
+}
+
+func deref(m map[string]*int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = *v
+	}
+	return out
 }

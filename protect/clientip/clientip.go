@@ -12,11 +12,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"log/slog"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"strings"
+	"sync"
 )
 
 // ErrBadRemoteAddr reports a request whose RemoteAddr is not an IP address
@@ -88,6 +90,7 @@ type Resolver struct {
 	header  string
 	xff     bool
 	key     []byte
+	macs    *sync.Pool // of keyed HMAC-SHA256 hashes
 }
 
 // NewResolver returns a Resolver that believes header only when the TCP peer
@@ -107,11 +110,13 @@ func NewResolver(trusted []netip.Prefix, header string, key []byte) *Resolver {
 	if len(key) == 0 {
 		key = RandomKey()
 	}
+	key = append([]byte(nil), key...)
 	return &Resolver{
 		trusted: append([]netip.Prefix(nil), trusted...),
 		header:  header,
 		xff:     header == HeaderXFF,
-		key:     append([]byte(nil), key...),
+		key:     key,
+		macs:    &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }},
 	}
 }
 
@@ -223,19 +228,26 @@ func parseHost(s string) (netip.Addr, bool) {
 }
 
 func (r *Resolver) visitor(ip netip.Addr) Visitor {
-	mac := hmac.New(sha256.New, r.key)
-	mac.Write([]byte(canonical(ip)))
-	return Visitor{key: hex.EncodeToString(mac.Sum(nil)), ip: ip}
+	// A keyed HMAC is reset, not rebuilt, per request: Reset returns it to
+	// its keyed state, and rebuilding costs four allocations.
+	mac := r.macs.Get().(hash.Hash)
+	defer r.macs.Put(mac)
+	mac.Reset()
+	var in [64]byte
+	mac.Write(appendCanonical(in[:0], ip))
+	var sum [sha256.Size]byte
+	return Visitor{key: hex.EncodeToString(mac.Sum(sum[:0])), ip: ip}
 }
 
-// canonical is the string that is hashed: the IPv4 address ("192.0.2.7") or
-// the masked IPv6 /64 ("2001:db8:1:2::/64"), since one IPv6 subscriber is
-// usually handed a whole /64 and could otherwise rotate addresses freely.
-func canonical(ip netip.Addr) string {
+// appendCanonical appends the text that is hashed: the IPv4 address
+// ("192.0.2.7") or the masked IPv6 /64 ("2001:db8:1:2::/64"), since one
+// IPv6 subscriber is usually handed a whole /64 and could otherwise rotate
+// addresses freely.
+func appendCanonical(b []byte, ip netip.Addr) []byte {
 	if ip.Is4() {
-		return ip.String()
+		return ip.AppendTo(b)
 	}
-	return netip.PrefixFrom(ip, 64).Masked().String()
+	return netip.PrefixFrom(ip, 64).Masked().AppendTo(b)
 }
 
 // Visitor is one resolved visitor. Every way of printing or encoding it shows

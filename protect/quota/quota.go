@@ -172,6 +172,8 @@ type Quota struct {
 	deniedVisitor map[string]int64
 	deniedKey     map[string]int64
 	deniedGlobal  int64 // the global limit the site was refused at; 0: not refused
+	dayNum        int64
+	dayStr        string
 }
 
 // maxRemembered bounds each denial memory; past it, denials still work,
@@ -225,10 +227,9 @@ func (q *Quota) refusal(sentinel error, limit int64, now time.Time) *LimitError 
 // limit today, else nil. It never admits and needs no Redis.
 func (q *Quota) Remembered(s Subject) error {
 	now := q.now()
-	day := Day(now)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.rollLocked(day)
+	q.rollLocked(q.dayLocked(now))
 	if s.Key != "" {
 		if at, ok := q.deniedKey[s.Key]; ok && s.Limit <= at {
 			return q.refusal(ErrKeyLimit, s.Limit, now)
@@ -384,6 +385,16 @@ func (q *Quota) remember(day string, s Subject, code int64, d Decision) {
 	if code == 2 || (code == 0 && d.GlobalRemaining == 0) {
 		q.deniedGlobal = s.Global
 	}
+}
+
+// dayLocked is Day(now), formatted once per UTC day: the refusal path asks
+// for it on every request.
+func (q *Quota) dayLocked(now time.Time) string {
+	n := now.Unix() / 86400
+	if now.Unix() < 0 || n != q.dayNum || q.dayStr == "" {
+		q.dayNum, q.dayStr = n, Day(now)
+	}
+	return q.dayStr
 }
 
 func (q *Quota) rollLocked(day string) {
