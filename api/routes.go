@@ -25,6 +25,7 @@ func (s *server) routes() http.Handler {
 	}
 
 	r.Route("/api", func(r chi.Router) {
+		r.Use(s.serverSpan)
 		if s.d.CORS != nil {
 			r.Use(s.d.CORS)
 		}
