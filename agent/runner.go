@@ -13,10 +13,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/protect/promreg"
+	"faregate/protect/tracing"
 )
 
 // ErrShuttingDown: the runner no longer accepts tasks.
@@ -50,6 +52,9 @@ type RunnerOptions struct {
 	// Block is how long one wait for a new task lasts (default 2 s); it
 	// bounds how long a stopping runner waits for its taker.
 	Block time.Duration
+	// Tracer starts each run's task.run span, in the trace of the request
+	// that queued it (nil: tracing off, at no cost).
+	Tracer oteltrace.Tracer
 	// Logger, Registerer and Now as usual.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -156,6 +161,7 @@ func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, erro
 	rec.Status = task.StatusQueued
 	rec.CreatedAt, rec.UpdatedAt = now, now
 	rec.Steps, rec.Warnings = []task.Step{}, []string{}
+	rec.Trace = tracing.TraceParent(ctx)
 	if err := r.store.Create(ctx, rec); err != nil {
 		return task.Record{}, err
 	}
@@ -444,8 +450,10 @@ func (r *Runner) execute(e taskstore.Entry) {
 		return
 	}
 	defer r.unhold(e.ID)
-	lg := r.lg.With("task", rec.ID, "request_id", rec.RequestID)
-	runCtx, cancelRun := context.WithTimeout(r.base, r.o.Timeout)
+	tctx, endRun := r.startRun(r.base, &rec)
+	defer endRun()
+	lg := tracing.Logger(tctx, r.lg).With("task", rec.ID, "request_id", rec.RequestID)
+	runCtx, cancelRun := context.WithTimeout(tctx, r.o.Timeout)
 	defer cancelRun()
 	r.hold(e.ID, cancelRun)
 

@@ -15,11 +15,14 @@ import (
 	"sync"
 	"time"
 
+	oteltrace "go.opentelemetry.io/otel/trace"
+
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
+	"faregate/protect/tracing"
 )
 
 // Config bounds a run. Each bound ends the run cleanly: the model is asked
@@ -111,6 +114,9 @@ type Deps struct {
 	// Estimate counts a call's prompt tokens for the model it goes to;
 	// default chat.EstimatePrompt, whatever the model.
 	Estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
+	// Tracer starts the spans of model calls, tool calls and settles
+	// (nil: tracing off, at no cost).
+	Tracer oteltrace.Tracer
 }
 
 // Workflow plans trips with a tool-using model loop on a chat.Model. It
@@ -136,12 +142,13 @@ type Workflow struct {
 	alert    func(Alert)
 	lg       *slog.Logger
 	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
+	tracer   oteltrace.Tracer
 }
 
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
 func NewWorkflow(cfg Config, d Deps) *Workflow {
 	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
-		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate}
+		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate, tracer: d.Tracer}
 	if w.lg == nil {
 		w.lg = slog.New(slog.DiscardHandler)
 	}
@@ -255,7 +262,7 @@ type memo struct {
 // FailureCode reads; a context's end is returned as it is.
 func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress) error {
 	r := &run{w: w, rec: rec, progress: progress, memory: map[string]*memo{},
-		lg: w.lg.With("task", rec.ID, "request_id", rec.RequestID)}
+		lg: tracing.Logger(ctx, w.lg).With("task", rec.ID, "request_id", rec.RequestID)}
 	r.lowPrec = rec.AITF.Degraded
 	maxSteps := w.cfg.MaxSteps
 	if r.lowPrec {

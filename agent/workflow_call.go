@@ -255,7 +255,9 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 // excess as overage), and returns the settlement: zero when the settle
 // failed, and the reservation then expires on its own.
 func (c *modelCall) settle(ctx context.Context, res budget.Reservation, prompt, completion int64) budget.Settlement {
+	ctx, end := c.r.w.startSettle(ctx, res)
 	s, err := c.r.w.budget.Settle(context.WithoutCancel(ctx), res, prompt, completion)
+	end(s, err)
 	if err != nil {
 		c.r.lg.Warn("budget settle failed", "err", err)
 		return budget.Settlement{}
@@ -384,6 +386,7 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 	r := c.r
 	res, prompt := c.res, c.prompt
 	c.resOpen = false
+	ctx, span := r.startModel(ctx, mdl.Name, res.Tokens)
 
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -459,6 +462,7 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 	}
 	r.lg.Debug("model call", "model", mdl.Name, "outcome", outcome, "reserved", res.Tokens,
 		"charged", s.Tokens, "cost_micro", s.CostMicro, "latency_ms", latency.Milliseconds())
+	span.end(outcome, promptUsed, completion, !reported, c.waited.Milliseconds())
 	if !ok {
 		if ctx.Err() != nil {
 			return chat.Reply{}, ctx.Err()

@@ -20,7 +20,9 @@ import (
 func (r *run) runTools(ctx context.Context, reply chat.Reply, depth int) {
 	r.msgs = append(r.msgs, chat.Message{Role: chat.RoleAssistant, Content: reply.Content, ToolCalls: reply.ToolCalls})
 	for _, tc := range reply.ToolCalls {
-		obs := r.toolCall(ctx, tc.ID, tc.Name, tc.Arguments, depth)
+		tctx, end := r.startTool(ctx, tc.Name)
+		obs := r.toolCall(tctx, tc.ID, tc.Name, tc.Arguments, depth)
+		end()
 		r.msgs = append(r.msgs, chat.Message{Role: chat.RoleTool, ToolCallID: tc.ID, Name: tc.Name,
 			Content: obs.Text, Data: obs.Data})
 	}

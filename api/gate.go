@@ -135,10 +135,12 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 			if creation && st.principal.Kind == KindVisitor {
 				req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
 			}
-			d, err := s.d.Limiter.Gate(r.Context(), req)
+			ctx, end := s.span(r.Context(), "gate.window")
+			d, err := s.d.Limiter.Gate(ctx, req)
 			if err == nil {
 				err = d.Err()
 			}
+			end(err)
 			st.window = d
 			if err != nil {
 				var re *ratelimit.RefusedError

@@ -3,11 +3,14 @@ package api
 import (
 	"context"
 	"log/slog"
+
+	"faregate/protect/tracing"
 )
 
-// ContextLogHandler adds the request id found in a log call's context, so
-// packages that log with slog's *Context methods (the AITF guard) tag their
-// lines with the request too, without knowing about this package.
+// ContextLogHandler adds the request id and the trace and span ids found in
+// a log call's context, so packages that log with slog's *Context methods
+// (the AITF guard) tag their lines with the request too, without knowing
+// about this package.
 func ContextLogHandler(h slog.Handler) slog.Handler { return ctxHandler{h} }
 
 type ctxHandler struct{ slog.Handler }
@@ -16,6 +19,7 @@ func (c ctxHandler) Handle(ctx context.Context, r slog.Record) error {
 	if id := RequestID(ctx); id != "" {
 		r.AddAttrs(slog.String("request_id", id))
 	}
+	r.AddAttrs(tracing.LogAttrs(ctx)...)
 	return c.Handler.Handle(ctx, r)
 }
 

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
 	"faregate/protect/ratelimit"
@@ -36,6 +38,8 @@ type state struct {
 	admitted string
 	status   int
 	bytes    int64
+	// span is the request's server span, for its access line.
+	span trace.SpanContext
 
 	// Allocated with the state, so a request costs one allocation for all
 	// three: the response recorder and the X-Request-Id header value.
@@ -213,6 +217,7 @@ func (s *server) accessAttrs(r *http.Request, st *state, route string, took time
 	if st.admitted != "" {
 		attrs = append(attrs, slog.String("task", st.admitted))
 	}
+	attrs = append(attrs, st.traceAttrs()...)
 	if st.status >= 500 && st.err != nil {
 		// Errors of this program's own dependencies; never a client's text,
 		// and never an address (Redis errors name its address, not a visitor's).

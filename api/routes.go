@@ -26,6 +26,7 @@ func (s *server) router() http.Handler {
 	}
 
 	r.Route("/api", func(r chi.Router) {
+		r.Use(s.serverSpan)
 		if s.d.CORS != nil {
 			r.Use(s.d.CORS)
 		}

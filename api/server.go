@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"faregate/agent/task"
 	"faregate/protect/aitf"
@@ -165,6 +166,9 @@ type Deps struct {
 	// Metrics: serve /metrics on this handler's listener (false: elsewhere).
 	Metrics bool
 	Now     func() time.Time
+	// Tracer starts the spans of /api requests and the gate's checks
+	// (nil: tracing off, at no cost).
+	Tracer trace.Tracer
 }
 
 // Server is the whole HTTP API as one handler, with the background work it

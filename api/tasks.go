@@ -85,7 +85,8 @@ func (s *server) handleCreateTask() http.Handler {
 			}
 			defer release()
 			start := time.Now()
-			err = s.d.Verifier.Verify(ctx, req.Token, st.visitor.RemoteIP())
+			vctx, end := s.span(ctx, "gate.turnstile")
+			err = end(s.d.Verifier.Verify(vctx, req.Token, st.visitor.RemoteIP()))
 			s.m.siteverify.WithLabelValues(verifyOutcome(err)).Observe(time.Since(start).Seconds())
 			if err != nil {
 				if errors.Is(err, turnstile.ErrRejected) {
@@ -98,7 +99,9 @@ func (s *server) handleCreateTask() http.Handler {
 
 		subj := s.subject(st)
 		start := time.Now()
-		_, err = s.d.Quota.Check(ctx, subj)
+		qctx, end := s.span(ctx, "gate.quota_check")
+		_, err = s.d.Quota.Check(qctx, subj)
+		end(err)
 		s.m.quota.WithLabelValues("check", quotaOutcome(err)).Observe(time.Since(start).Seconds())
 		if err != nil {
 			s.writeErr(w, r, err)
@@ -148,7 +151,9 @@ func (s *server) handleCreateTask() http.Handler {
 		}
 
 		start = time.Now()
-		dec, err := s.d.Quota.Take(ctx, subj)
+		tctx, end := s.span(ctx, "gate.quota_take")
+		dec, err := s.d.Quota.Take(tctx, subj)
+		end(err)
 		s.m.quota.WithLabelValues("take", quotaOutcome(err)).Observe(time.Since(start).Seconds())
 		if err != nil {
 			s.writeErr(w, r, err)
@@ -157,7 +162,9 @@ func (s *server) handleCreateTask() http.Handler {
 		rec := s.newRecord(r, st, req)
 		// The task must outlive the request: a client that leaves after being
 		// counted still gets its task.
-		rec, err = s.d.Tasks.Submit(context.WithoutCancel(ctx), rec)
+		sctx, end := s.span(context.WithoutCancel(ctx), "gate.submit")
+		rec, err = s.d.Tasks.Submit(sctx, rec)
+		end(err)
 		if err != nil {
 			s.writeErr(w, r, err)
 			return
@@ -218,10 +225,11 @@ func (s *server) affordable(ctx context.Context, st *state) error {
 	if tierTokens > 0 {
 		tier = st.tier.Name
 	}
-	return s.d.Budget.CanAfford(ctx, budget.AffordRequest{
+	ctx, end := s.span(ctx, "gate.budget")
+	return end(s.d.Budget.CanAfford(ctx, budget.AffordRequest{
 		Day: quota.Day(s.d.Now()), Principal: st.principal.Account(), PrincipalLimit: st.tier.TokensPerDay,
 		Tier: tier, TierLimit: tierTokens, Tokens: s.d.MinRunTokens, CostMicro: s.d.MinRunCost,
-	})
+	}))
 }
 
 func (s *server) cacheMode() plancache.Mode {
@@ -255,7 +263,9 @@ func (s *server) serveCached(w http.ResponseWriter, r *http.Request, st *state, 
 	if err := json.Unmarshal(plan.Result, &res); err != nil {
 		return false
 	}
-	dec, err := s.d.Quota.Take(ctx, subj)
+	tctx, end := s.span(ctx, "gate.quota_take")
+	dec, err := s.d.Quota.Take(tctx, subj)
+	end(err)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return true

@@ -163,6 +163,9 @@ type Record struct {
 	Day       string    `json:"day"`
 	RequestID string    `json:"request_id,omitempty"`
 	AITF      AITFTrace `json:"aitf"`
+	// Trace is the W3C traceparent of the span that queued the task, so
+	// its run joins the admitting request's trace on any replica.
+	Trace string `json:"trace,omitempty"`
 }
 
 // Limits are the token limits a run is held to besides the site's.

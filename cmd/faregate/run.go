@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"faregate/agent"
 	"faregate/agent/chat"
@@ -79,7 +80,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	lg := newLogger(cfg, stdout)
-	app, err := build(ctx, cfg, lg, stdout)
+	tp, shutdownTracing, err := setupTracing(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(shutdownTracing, lg) // after the app: its last spans are flushed
+	app, err := build(ctx, cfg, lg, stdout, tp)
 	if err != nil {
 		return err
 	}
@@ -119,8 +125,8 @@ func (a *app) close() {
 	}
 }
 
-// build assembles every dependency from cfg.
-func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) (*app, error) {
+// build assembles every dependency from cfg; spans go to tp.
+func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerProvider) (*app, error) {
 	a := &app{cfg: cfg, lg: lg, stdout: stdout, hup: make(chan struct{}, 1)}
 	defaults := cfg.embeddedDefaults()
 	for _, d := range defaults {
@@ -128,6 +134,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 		fmt.Fprintf(stdout, "faregate: EMBEDDED DEFAULT (%s unset): %s\n", d.Variable, d.What)
 	}
 	quietRedisLog(lg)
+	quietTracingErrors(lg)
 
 	rcs, closeRedis, err := openRedis(ctx, cfg, stdout)
 	if err != nil {
@@ -218,6 +225,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 	}, agent.Deps{
 		Models: models, Budget: bud, Ledger: ledger, Tools: toolbox, Limiter: limiter,
 		Alert: notify, Logger: lg, Estimate: estimator(models),
+		Tracer: tracerFor(tp, "faregate/agent"),
 	})
 
 	store := taskstore.New(rdb)
@@ -231,6 +239,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 		},
 		Succeeded: cachePlans(cache, cfg.cacheMode, lg),
 		Logger:    lg, Registerer: reg,
+		Tracer: tracerFor(tp, "faregate/agent"),
 	})
 
 	mode, err := aitf.ParseMode(cfg.AITFMode)
@@ -288,6 +297,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer) 
 			QueueMax: cfg.QueueMax, SummaryInterval: cfg.LogSummaryInterval,
 		},
 		Registry: reg, Metrics: cfg.MetricsAddr == "",
+		Tracer: tracerFor(tp, "faregate/api"),
 	})
 	a.server = srv
 	return a, nil

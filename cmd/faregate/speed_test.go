@@ -79,7 +79,7 @@ func gateHandler(tb testing.TB, env map[string]string) (http.Handler, func()) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	a, err := build(context.Background(), cfg, newLogger(cfg, io.Discard), io.Discard)
+	a, err := build(context.Background(), cfg, newLogger(cfg, io.Discard), io.Discard, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	oteltrace "go.opentelemetry.io/otel/trace"
+
+	"faregate/agent/task"
+	"faregate/protect/budget"
+	"faregate/protect/tracing"
+)
+
+// Span names of a task's run: stable, since dashboards and the tracing
+// test look for them.
+const (
+	spanRun    = "task.run"
+	spanModel  = "model.call"
+	spanTool   = "tool.call"
+	spanSettle = "budget.settle"
+)
+
+// Span attributes. The model, the operation, the tool and the token counts
+// use the names of OpenTelemetry's GenAI conventions (still in
+// development, so not in the semconv package this module uses); the rest
+// are faregate's own. Values are bounded: ids, codes, tool names and
+// principals as alerts show them; never an address or a visitor's whole
+// hash.
+const (
+	attrGenAIOperation = attribute.Key("gen_ai.operation.name")
+	attrGenAIModel     = attribute.Key("gen_ai.request.model")
+	attrGenAIInput     = attribute.Key("gen_ai.usage.input_tokens")
+	attrGenAIOutput    = attribute.Key("gen_ai.usage.output_tokens")
+	attrGenAITool      = attribute.Key("gen_ai.tool.name")
+
+	attrTaskID        = attribute.Key("faregate.task_id")
+	attrRequestID     = attribute.Key("faregate.request_id")
+	attrPrincipal     = attribute.Key("faregate.principal")
+	attrTier          = attribute.Key("faregate.tier")
+	attrStatus        = attribute.Key("faregate.task.status")
+	attrCode          = attribute.Key("faregate.code")
+	attrSteps         = attribute.Key("faregate.steps")
+	attrOutcome       = attribute.Key("faregate.outcome")
+	attrEstimated     = attribute.Key("faregate.usage.estimated")
+	attrReserved      = attribute.Key("faregate.reserved_tokens")
+	attrWaitedMS      = attribute.Key("faregate.waited_ms")
+	attrCached        = attribute.Key("faregate.tool.cached")
+	attrCharged       = attribute.Key("faregate.charged_tokens")
+	attrCostMicro     = attribute.Key("faregate.cost_micro")
+	attrOverTokens    = attribute.Key("faregate.overage_tokens")
+	attrOverCostMicro = attribute.Key("faregate.overage_cost_micro")
+	attrLate          = attribute.Key("faregate.settle.late")
+)
+
+// noEnd ends a span that was never started (tracing off).
+func noEnd() {}
+
+// startRun starts a task's task.run span as a child of the span that
+// queued it (the traceparent its record carries), so the gate's checks and
+// the run's model calls, tool calls and settles share one trace, whichever
+// replica took the task. The returned end reads the record as it is then.
+func (r *Runner) startRun(ctx context.Context, rec *task.Record) (context.Context, func()) {
+	if r.o.Tracer == nil {
+		return ctx, noEnd
+	}
+	ctx, span := r.o.Tracer.Start(tracing.WithTraceParent(ctx, rec.Trace), spanRun,
+		oteltrace.WithSpanKind(oteltrace.SpanKindConsumer),
+		oteltrace.WithAttributes(attrTaskID.String(rec.ID), attrRequestID.String(rec.RequestID),
+			attrPrincipal.String(shownPrincipal(rec.Principal)), attrTier.String(rec.Tier)))
+	return ctx, func() {
+		span.SetAttributes(attrStatus.String(rec.Status), attrSteps.Int(len(rec.Steps)),
+			attrGenAIInput.Int64(rec.Usage.PromptTokens),
+			attrGenAIOutput.Int64(rec.Usage.CompletionTokens))
+		if rec.Error != nil {
+			span.SetAttributes(attrCode.String(rec.Error.Code))
+			span.SetStatus(codes.Error, rec.Error.Code)
+		}
+		span.End()
+	}
+}
+
+// modelSpan is the model.call span of one attempt on one model: from the
+// provider call to its settle, which is its child.
+type modelSpan struct{ span oteltrace.Span }
+
+// startModel starts the model.call span of an attempt on model, which
+// holds a reservation of reserved tokens.
+func (r *run) startModel(ctx context.Context, model string, reserved int64) (context.Context, modelSpan) {
+	if r.w.tracer == nil {
+		return ctx, modelSpan{}
+	}
+	ctx, span := r.w.tracer.Start(ctx, spanModel, oteltrace.WithSpanKind(oteltrace.SpanKindClient),
+		oteltrace.WithAttributes(attrGenAIOperation.String("chat"), attrGenAIModel.String(model), attrReserved.Int64(reserved)))
+	return ctx, modelSpan{span}
+}
+
+// end records what the attempt used (the provider's report, or the
+// estimate it was settled with) and how it ended.
+func (m modelSpan) end(outcome string, prompt, completion int64, estimated bool, waited int64) {
+	if m.span == nil {
+		return
+	}
+	m.span.SetAttributes(attrGenAIInput.Int64(prompt), attrGenAIOutput.Int64(completion),
+		attrEstimated.Bool(estimated), attrOutcome.String(outcome), attrWaitedMS.Int64(waited))
+	if outcome == "error" {
+		m.span.SetStatus(codes.Error, outcome)
+	}
+	m.span.End()
+}
+
+// startSettle starts the budget.settle span of reservation res; end
+// records what the settle charged, or that it failed.
+func (w *Workflow) startSettle(ctx context.Context, res budget.Reservation) (context.Context, func(budget.Settlement, error)) {
+	if w.tracer == nil {
+		return ctx, func(budget.Settlement, error) {}
+	}
+	ctx, span := w.tracer.Start(ctx, spanSettle, oteltrace.WithAttributes(attrGenAIModel.String(res.Model), attrReserved.Int64(res.Tokens)))
+	return ctx, func(s budget.Settlement, err error) {
+		if err != nil {
+			// The budget's error names Redis at most; the code says enough.
+			span.SetStatus(codes.Error, "settle failed")
+		}
+		span.SetAttributes(attrCharged.Int64(s.Tokens), attrCostMicro.Int64(s.CostMicro),
+			attrOverTokens.Int64(s.OverageTokens), attrOverCostMicro.Int64(s.OverageCostMicro), attrLate.Bool(s.Late))
+		span.End()
+	}
+}
+
+// startTool starts the tool.call span of one tool call the model asked
+// for; end records how the call was answered, as its step says: ok,
+// failed, or cached (from the task's memory).
+func (r *run) startTool(ctx context.Context, name string) (context.Context, func()) {
+	if r.w.tracer == nil {
+		return ctx, noEnd
+	}
+	if _, ok := r.tools[name]; !ok {
+		name = "unknown" // the model chose this name: not an attribute value
+	}
+	ctx, span := r.w.tracer.Start(ctx, spanTool, oteltrace.WithAttributes(attrGenAITool.String(name)))
+	return ctx, func() {
+		status := r.lastStepStatus()
+		span.SetAttributes(attrOutcome.String(status), attrCached.Bool(status == "cached"))
+		span.End()
+	}
+}
+
+// lastStepStatus is the status of the run's latest step: every tool call
+// records exactly one step before it returns.
+func (r *run) lastStepStatus() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.rec.Steps) == 0 {
+		return ""
+	}
+	return r.rec.Steps[len(r.rec.Steps)-1].Status
+}
