@@ -7,6 +7,8 @@
 package agent
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,6 +119,8 @@ type Deps struct {
 	// Tracer starts the spans of model calls, tool calls and settles
 	// (nil: tracing off, at no cost).
 	Tracer oteltrace.Tracer
+	// Registerer receives the model-call histograms (nil: unregistered).
+	Registerer prometheus.Registerer
 }
 
 // Workflow plans trips with a tool-using model loop on a chat.Model. It
@@ -143,12 +147,14 @@ type Workflow struct {
 	lg       *slog.Logger
 	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
 	tracer   oteltrace.Tracer
+	metrics  *modelMetrics
 }
 
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
 func NewWorkflow(cfg Config, d Deps) *Workflow {
 	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
-		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate, tracer: d.Tracer}
+		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate, tracer: d.Tracer,
+		metrics: newModelMetrics(d.Registerer)}
 	if w.lg == nil {
 		w.lg = slog.New(slog.DiscardHandler)
 	}

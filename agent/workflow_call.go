@@ -398,7 +398,13 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 		return errCut
 	}
 	detector := repetition.New(0, 0, r.w.cfg.LoopThreshold)
+	start := time.Now()
+	first := false
 	stream := func(ch chat.Chunk) error {
+		if !first && (ch.Text != "" || ch.ToolCall != "") {
+			first = true
+			r.w.metrics.ttft.WithLabelValues(mdl.Name).Observe(time.Since(start).Seconds())
+		}
 		if ch.ToolCall != "" && !out.take(ch.ToolCall, false) {
 			return stop(task.WarnOutputTruncated)
 		}
@@ -416,7 +422,6 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 		return nil
 	}
 	turn := chat.Turn{Messages: r.msgs, Tools: c.defs, MaxTokens: int(c.maxTokens), Stream: stream, Request: &r.rec.Request}
-	start := time.Now()
 	reply, err := mdl.Generate(callCtx, turn)
 	latency := time.Since(start)
 
@@ -433,13 +438,19 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 		ok = false
 	}
 
-	// Settle with what the provider reported, else what we counted (a
-	// failed or cut call is charged what it streamed).
+	r.w.metrics.duration.WithLabelValues(mdl.Name, outcome).Observe(latency.Seconds())
+
+	// Settle with what the provider reported, else what we counted (a cut
+	// call is charged what it streamed). A call that failed before a single
+	// token came back (refused at connect, a 5xx) consumed nothing that any
+	// provider bills: it is charged nothing, and counts no tokens.
 	promptUsed, completion := prompt, out.count.Tokens()
 	reported := ok && cut == "" && reply.Usage.Reported
 	switch {
 	case reported:
 		promptUsed, completion = reply.Usage.PromptTokens, reply.Usage.CompletionTokens
+	case !ok && !first:
+		promptUsed, completion = 0, 0
 	case ok && cut == "" && completion == 0:
 		completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
 	}

@@ -222,8 +222,9 @@ func TestAfterCallOnEveryPath(t *testing.T) {
 		actual func(prompt int64) int64
 	}{
 		{"success", func(r *rig) {}, func(int64) int64 { return 340 }},
+		// Failed before a token came back: nothing was consumed.
 		{"provider failure", func(r *rig) { r.models.Primary.Model.(*fakeModel).GenerateFn = failing },
-			func(prompt int64) int64 { return prompt }},
+			func(int64) int64 { return 0 }},
 		{"cut stream", func(r *rig) {
 			r.models.Primary.Model.(*fakeModel).GenerateFn = endless("Lisbon 里斯本 day ", "trams, 电车 and views; ")
 			r.cfg.MaxTokens = 300

@@ -224,7 +224,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		TokenWait: cfg.TokenWait, SiteTokensPerMinute: cfg.SiteTokensPerMinute, SitePaceWait: cfg.SitePaceWait,
 	}, agent.Deps{
 		Models: models, Budget: bud, Ledger: ledger, Tools: toolbox, Limiter: limiter,
-		Alert: notify, Logger: lg, Estimate: estimator(models),
+		Alert: notify, Logger: lg, Estimate: estimator(models), Registerer: reg,
 		Tracer: tracerFor(tp, "faregate/agent"),
 	})
 
