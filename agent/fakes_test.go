@@ -311,59 +311,6 @@ func (f *fakeTool) Calls() []string {
 	return slices.Clone(f.calls)
 }
 
-// fakeStore is the runner's Store.
-type fakeStore struct {
-	CreateFn func(ctx context.Context, rec task.Record) error
-	SaveFn   func(ctx context.Context, rec task.Record, events ...task.Event) error
-
-	mu     sync.Mutex
-	saved  []task.Record
-	events []task.Event
-}
-
-func (s *fakeStore) Create(ctx context.Context, rec task.Record) error {
-	if s.CreateFn != nil {
-		return s.CreateFn(ctx, rec)
-	}
-	return nil
-}
-
-func (s *fakeStore) Save(ctx context.Context, rec task.Record, events ...task.Event) error {
-	s.mu.Lock()
-	s.saved = append(s.saved, rec)
-	s.events = append(s.events, events...)
-	s.mu.Unlock()
-	if s.SaveFn != nil {
-		return s.SaveFn(ctx, rec, events...)
-	}
-	return nil
-}
-
-func (s *fakeStore) Events() []task.Event {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.events)
-}
-
-// LastOf is the last record saved for task id.
-func (s *fakeStore) LastOf(id string) task.Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := len(s.saved) - 1; i >= 0; i-- {
-		if s.saved[i].ID == id {
-			return s.saved[i]
-		}
-	}
-	return task.Record{}
-}
-
-// Last is the last record saved.
-func (s *fakeStore) Last() task.Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.saved[len(s.saved)-1]
-}
-
 // The replies a fake model builds its scripts from.
 
 // plan is a valid answer for a request of days days.

@@ -31,7 +31,8 @@ type HubOptions struct {
 	Block time.Duration
 	// KeepAlive is how often an idle follower gets a keep-alive (15 s).
 	KeepAlive time.Duration
-	// Buffer is how many events a follower may lag behind (64).
+	// Buffer is how many events a follower may lag behind (256); one
+	// further behind is closed and resumes with Last-Event-ID.
 	Buffer     int
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -63,7 +64,7 @@ func NewHub(store *Store, rdb redis.UniversalClient, o HubOptions) *Hub {
 		o.KeepAlive = 15 * time.Second
 	}
 	if o.Buffer <= 0 {
-		o.Buffer = 64
+		o.Buffer = 256
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -98,11 +99,22 @@ type reader struct {
 	cancel context.CancelFunc
 }
 
-// sub is one follower's mailbox.
+// sub is one follower's mailbox, guarded by its reader's mutex: the events
+// the follower has yet to send, and a doorbell. The events themselves are
+// shared by every follower (only the slice of references is per follower).
 type sub struct {
-	ch     chan task.Event
+	queue  []task.Event
 	closed bool
-	err    error // why the hub closed it
+	err    error // why the hub closed it; the queue is still delivered first
+	notify chan struct{}
+}
+
+// ring wakes the follower if it is not awake already.
+func (s *sub) ring() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
 }
 
 // Follow replays the task's events after the stream id after ("" = from
@@ -171,22 +183,25 @@ func (h *Hub) Follow(ctx context.Context, id, after string, fn func(task.Event) 
 				return err
 			}
 			keep.Reset(h.o.KeepAlive)
-		case ev, ok := <-s.ch:
-			if !ok {
-				r.mu.Lock()
-				err := s.err
-				r.mu.Unlock()
-				return err
+		case <-s.notify:
+			r.mu.Lock()
+			batch, closed, why := s.queue, s.closed, s.err
+			s.queue = nil
+			r.mu.Unlock()
+			for _, ev := range batch {
+				if !streamAfter(ev.ID, last) {
+					continue // already replayed
+				}
+				last = ev.ID
+				if err := fn(ev); err != nil {
+					return err
+				}
+				if ev.Type == task.EventDone {
+					return nil
+				}
 			}
-			if !streamAfter(ev.ID, last) {
-				continue // already replayed
-			}
-			last = ev.ID
-			if err := fn(ev); err != nil {
-				return err
-			}
-			if ev.Type == task.EventDone {
-				return nil
+			if closed {
+				return why
 			}
 			keep.Reset(h.o.KeepAlive)
 		}
@@ -196,7 +211,7 @@ func (h *Hub) Follow(ctx context.Context, id, after string, fn func(task.Event) 
 // subscribe joins the task's reader, starting one (and fixing its start
 // point) when this is the first follower.
 func (h *Hub) subscribe(ctx context.Context, id string) (*sub, *reader, error) {
-	s := &sub{ch: make(chan task.Event, h.o.Buffer)}
+	s := &sub{notify: make(chan struct{}, 1)}
 	h.mu.Lock()
 	if h.shutdown {
 		h.mu.Unlock()
@@ -309,12 +324,12 @@ func (h *Hub) broadcast(r *reader, ev task.Event) {
 		if s.closed {
 			continue
 		}
-		select {
-		case s.ch <- ev:
-		default:
-			s.closed, s.err = true, errTooSlow
-			close(s.ch)
+		if len(s.queue) >= h.o.Buffer {
+			s.closed, s.err, s.queue = true, errTooSlow, nil
+		} else {
+			s.queue = append(s.queue, ev)
 		}
+		s.ring()
 	}
 }
 
@@ -349,7 +364,7 @@ func (h *Hub) Shutdown(ctx context.Context) {
 		for s := range r.subs {
 			if !s.closed {
 				s.closed, s.err = true, ErrShutdown
-				close(s.ch)
+				s.ring()
 			}
 		}
 		if r.cancel != nil {

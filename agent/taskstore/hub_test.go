@@ -232,7 +232,9 @@ func TestHubSlowFollowerIsDropped(t *testing.T) {
 	be := redistest.Mini(t)
 	ctx := context.Background()
 	s := New(be.Client)
-	h := NewHub(s, be.Client, HubOptions{Block: 20 * time.Millisecond, Buffer: 2})
+	// A mailbox of 4: the last save's three events fit; the slow follower's
+	// thirteen do not.
+	h := NewHub(s, be.Client, HubOptions{Block: 20 * time.Millisecond, Buffer: 4})
 	rec, l := started(t, s)
 
 	release := make(chan struct{})
@@ -247,13 +249,26 @@ func TestHubSlowFollowerIsDropped(t *testing.T) {
 		})
 	}()
 	<-entered
-	fast := newCollect()
+	// The fast follower keeps up: each event is written only once it has
+	// seen the one before, so its mailbox never holds more than one.
+	seen := make(chan string, 64)
 	fastErr := make(chan error, 1)
-	go func() { fastErr <- h.Follow(ctx, rec.ID, "", fast.fn) }()
-	<-fast.first
+	go func() {
+		fastErr <- h.Follow(ctx, rec.ID, "", func(e task.Event) error {
+			seen <- e.Type
+			return nil
+		})
+	}()
+	for i := 0; i < 2; i++ { // the replayed status events: queued, running
+		if typ := <-seen; typ != task.EventStatus {
+			t.Fatalf("replay began with %s", typ)
+		}
+	}
 	for i := 0; i < 10; i++ {
 		if err := s.Save(ctx, l, rec, task.Event{Type: task.EventStep, Data: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
+		}
+		for typ := <-seen; typ != task.EventStep; typ = <-seen {
 		}
 	}
 	finish(t, s, rec, l)

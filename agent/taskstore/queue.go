@@ -197,8 +197,9 @@ func (s *Store) Acquire(ctx context.Context, e Entry, owner string) (Lease, task
 }
 
 // saveScript writes the record and appends events, fenced by the lease:
-// only the owner of the current epoch may write. An op id makes a re-sent
-// script (after a lost reply) a no-op that answers success.
+// only the owner of the current epoch may write. An op id, kept 300 s (far
+// longer than any client retries), makes a re-sent script (after a lost
+// reply) a no-op that answers success.
 // KEYS record, events, lease, op. ARGV owner, epoch, record, ttl, maxlen,
 // then type/data pairs. Returns 1 written (or already written), 0 fenced.
 var saveScript = redis.NewScript(`

@@ -35,10 +35,6 @@ const TaskTTL = 7 * 24 * time.Hour
 // streamMaxLen caps a task's event stream; a run has a few dozen events.
 const streamMaxLen = 1000
 
-// opTTL is how long a write's op id is remembered, so a script re-sent
-// after a lost reply does not append its events twice.
-const opTTL = 5 * time.Minute
-
 var (
 	// ErrUnavailable: Redis failed; the caller fails closed.
 	ErrUnavailable = errors.New("taskstore: unavailable")

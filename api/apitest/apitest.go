@@ -272,7 +272,7 @@ func contractRules(status int, header http.Header, body []byte) error {
 		return fmt.Errorf("error.request_id %q differs from X-Request-Id %q", env.Error.RequestID, header.Get("X-Request-Id"))
 	}
 	if status == http.StatusAccepted && header.Get("Location") != "/api/tasks/"+env.ID {
-		return fmt.Errorf("Location %q does not name task %q", header.Get("Location"), env.ID)
+		return fmt.Errorf("the Location header %q does not name task %q", header.Get("Location"), env.ID)
 	}
 	if status == http.StatusTooManyRequests && header.Get("RateLimit") != "" {
 		ts := rateLimitResets(header.Get("RateLimit"))

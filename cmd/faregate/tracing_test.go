@@ -123,8 +123,8 @@ func TestTracingSpanTree(t *testing.T) {
 	}
 	wantAttrs(t, post, map[string]any{"http.route": "/api/tasks", "http.request.method": "POST",
 		"http.response.status_code": int64(202), "faregate.request_id": reqID})
-	if p := attr(post, "faregate.principal"); !regexp.MustCompile(`^v:[0-9a-f]{12}$`).MatchString(p.Emit()) {
-		t.Errorf("faregate.principal %q, want v: and 12 hex", p.Emit())
+	if p := attr(post, "faregate.principal"); !regexp.MustCompile(`^v:[0-9a-f]{12}$`).MatchString(p.String()) {
+		t.Errorf("faregate.principal %q, want v: and 12 hex", p.String())
 	}
 	gate := children(spans, post)
 	wantGate := []string{"gate.window", "gate.turnstile", "gate.quota_check", "gate.budget", "gate.quota_take", "gate.submit"}
@@ -149,7 +149,7 @@ func TestTracingSpanTree(t *testing.T) {
 			wantAttrs(t, sp, map[string]any{"gen_ai.request.model": offline.ModelName, "faregate.outcome": "ok"})
 			for _, k := range []string{"gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "faregate.reserved_tokens"} {
 				if v := attr(sp, k); v.AsInt64() <= 0 {
-					t.Errorf("model.call %s = %v, want > 0", k, v.Emit())
+					t.Errorf("model.call %s = %v, want > 0", k, v.String())
 				}
 			}
 			if attr(sp, "faregate.usage.estimated").Type() != attribute.BOOL {
@@ -161,10 +161,10 @@ func TestTracingSpanTree(t *testing.T) {
 			}
 		case "tool.call":
 			toolCalls++
-			if name := attr(sp, "gen_ai.tool.name").Emit(); name != "guide_search" && name != "weather" {
+			if name := attr(sp, "gen_ai.tool.name").String(); name != "guide_search" && name != "weather" {
 				t.Errorf("tool.call gen_ai.tool.name %q", name)
 			}
-			if attr(sp, "faregate.outcome").Emit() == "" {
+			if attr(sp, "faregate.outcome").String() == "" {
 				t.Error("tool.call without faregate.outcome")
 			}
 		}
@@ -179,7 +179,7 @@ func TestTracingSpanTree(t *testing.T) {
 	hash := regexp.MustCompile(`[0-9a-f]{64}`)
 	for _, sp := range spans {
 		for _, kv := range sp.Attributes {
-			if v := kv.Value.Emit(); ip.MatchString(v) || hash.MatchString(v) {
+			if v := kv.Value.String(); ip.MatchString(v) || hash.MatchString(v) {
 				t.Errorf("span %s attribute %s = %q names the visitor", sp.Name, kv.Key, v)
 			}
 		}
