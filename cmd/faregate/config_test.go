@@ -100,3 +100,81 @@ func TestLoadConfigAccepts(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigErrorsNamedOnce: the bugs of the first round stay fixed. A bad
+// trusted-proxy list does not hide the embedded-defaults refusal; a bad
+// address is not also "not loopback"; URL errors come in one order every
+// time; a duration without a unit says what it wants.
+func TestConfigErrorsNamedOnce(t *testing.T) {
+	_, err := loadConfig(envOf(map[string]string{"FAREGATE_ADDR": "0.0.0.0:8080", "FAREGATE_TRUSTED_PROXIES": "nonsense"}))
+	if err == nil || !strings.Contains(err.Error(), "FAREGATE_TRUSTED_PROXIES") || !strings.Contains(err.Error(), "not a loopback address") {
+		t.Fatalf("public address with bad proxies: %v", err)
+	}
+	_, err = loadConfig(envOf(map[string]string{"FAREGATE_ADDR": "nonsense"}))
+	if err == nil || !strings.Contains(err.Error(), "want host:port") || strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("bad address: %v", err)
+	}
+	env := map[string]string{"FAREGATE_WEATHER_URL": "ftp://x", "FAREGATE_SEARCH_URL": "nope", "FAREGATE_LLM_BASE_URL": "::", "FAREGATE_PUBLIC_URL": "x"}
+	var first string
+	for i := 0; i < 20; i++ {
+		_, err := loadConfig(envOf(env))
+		if err == nil {
+			t.Fatal("bad URLs accepted")
+		}
+		if i == 0 {
+			first = err.Error()
+		} else if err.Error() != first {
+			t.Fatalf("error order changed between runs:\n%s\n%s", first, err)
+		}
+	}
+	_, err = loadConfig(envOf(map[string]string{"FAREGATE_AGENT_TIMEOUT": "90"}))
+	if err == nil || !strings.Contains(err.Error(), "FAREGATE_AGENT_TIMEOUT: want a duration with a unit") || strings.Contains(err.Error(), "<nil>") {
+		t.Fatalf("duration without a unit: %v", err)
+	}
+	_, err = loadConfig(envOf(map[string]string{"FAREGATE_IP_DAILY_LIMIT": "five"}))
+	if err == nil || !strings.Contains(err.Error(), "FAREGATE_IP_DAILY_LIMIT: want a whole number") {
+		t.Fatalf("number: %v", err)
+	}
+}
+
+// TestSecondRoundConfig: the variables of the second round, their
+// defaults and their checks.
+func TestSecondRoundConfig(t *testing.T) {
+	c, err := loadConfig(envOf(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StreamsPerVisitor != 4 || c.StreamsMax != 2000 || c.StreamMaxDuration != 15*time.Minute || c.RequestsPerMinute != 120 ||
+		c.FailedChecksPerHour != 20 || c.LogSummaryInterval != 10*time.Second || c.TaskLease != 30*time.Second ||
+		c.SiteTokensPerMinute != 0 || c.spendMicro != 0 || c.PlanCache != "fallback" || c.PlanCacheTTL != 24*time.Hour ||
+		c.IdleTimeout != 30*time.Second || c.MetricsAddr != "" || len(c.CORSOrigins) != 0 {
+		t.Fatalf("defaults differ from the contract: %+v", c)
+	}
+	cases := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"FAREGATE_TASK_LEASE": "1s"}, "FAREGATE_TASK_LEASE"},
+		{map[string]string{"FAREGATE_MODEL_PRICES": "gpt=abc"}, "FAREGATE_MODEL_PRICES"},
+		{map[string]string{"FAREGATE_DAILY_SPEND_LIMIT": "-1"}, "FAREGATE_DAILY_SPEND_LIMIT"},
+		{map[string]string{"FAREGATE_PLAN_CACHE": "sometimes"}, "FAREGATE_PLAN_CACHE"},
+		{map[string]string{"FAREGATE_CORS_ORIGINS": "https://a.example/path"}, "FAREGATE_CORS_ORIGINS"},
+		{map[string]string{"FAREGATE_ALERT_WEBHOOK_URL": "mailto:x"}, "FAREGATE_ALERT_WEBHOOK_URL"},
+		{map[string]string{"FAREGATE_METRICS_ADDR": "9090"}, "FAREGATE_METRICS_ADDR"},
+		{map[string]string{"FAREGATE_STREAMS_PER_VISITOR": "0"}, "FAREGATE_STREAMS_PER_VISITOR"},
+		{map[string]string{"FAREGATE_REQUESTS_PER_MINUTE": "0"}, "FAREGATE_REQUESTS_PER_MINUTE"},
+	}
+	for _, tc := range cases {
+		if _, err := loadConfig(envOf(tc.env)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error naming %s", tc.env, err, tc.want)
+		}
+	}
+	c, err = loadConfig(envOf(map[string]string{"FAREGATE_MODEL_PRICES": "gpt-4o-mini=0.15/0.60", "FAREGATE_DAILY_SPEND_LIMIT": "2.50",
+		"FAREGATE_CORS_ORIGINS": " https://a.example/ ,https://b.example"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.spendMicro != 2_500_000 || c.prices["gpt-4o-mini"].InputMicroPerMTok != 150000 || c.CORSOrigins[0] != "https://a.example" {
+		t.Fatalf("parsed %+v %v %v", c.prices, c.spendMicro, c.CORSOrigins)
+	}
+}
