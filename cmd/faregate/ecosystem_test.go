@@ -500,17 +500,16 @@ func TestMetricsFamiliesAndLint(t *testing.T) {
 	if r := doUnchecked(t, "GET", s.URL+"/metrics"); r.Status != 404 {
 		t.Errorf("public /metrics with FAREGATE_METRICS_ADDR set: %d", r.Status)
 	}
-	resp, err := http.Get(private)
-	if err != nil {
-		t.Fatal(err)
+	// The task's record turns final before its worker observes the run's
+	// duration and stores the plan: scrape until both are counted.
+	finished := regexp.MustCompile(`(?m)^faregate_task_duration_seconds_count\{outcome="succeeded"\} 1$`)
+	var text string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		text = scrape(t, private)
+		if finished.MatchString(text) && strings.Contains(text, `faregate_plan_cache_total{op="put",outcome="ok"} 1`) || time.Now().After(deadline) {
+			break
+		}
 	}
-	var body bytes.Buffer
-	_, _ = body.ReadFrom(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("private /metrics: %d", resp.StatusCode)
-	}
-	text := body.String()
 
 	types := map[string]string{} // family → type, from the # TYPE lines
 	for l := range strings.Lines(text) {
@@ -577,4 +576,20 @@ func TestMetricsFamiliesAndLint(t *testing.T) {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 	t.Logf("promlint: %d problems over %d families", len(problems), len(types))
+}
+
+// scrape returns the Prometheus text of url.
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body bytes.Buffer
+	_, _ = body.ReadFrom(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %d", url, resp.StatusCode)
+	}
+	return body.String()
 }
