@@ -194,6 +194,17 @@ func New(o Options) *Notifier {
 		Name: "faregate_alerts_total",
 		Help: "Alerts by event and outcome (sent, failed, dropped, deduplicated, logged).",
 	}, []string{"event", "outcome"}))
+	// Every series this Notifier can move exists at 0 from the start, so
+	// rate() and increase() see the first alert of its kind.
+	outcomes := []string{outcomeDropped, outcomeDeduplicated, outcomeLogged}
+	if o.URL != "" {
+		outcomes = []string{outcomeDropped, outcomeDeduplicated, outcomeSent, outcomeFailed}
+	}
+	for ev := range knownEvents {
+		for _, oc := range outcomes {
+			total.WithLabelValues(ev, oc)
+		}
+	}
 	return &Notifier{
 		o:       o,
 		lg:      o.Logger,

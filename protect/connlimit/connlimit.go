@@ -55,6 +55,10 @@ func Wrap(ln net.Listener, o Options) *Listener {
 	l.refused = promreg.Register(o.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "faregate_connections_refused_total", Help: "Connections answered 503 server_busy (or closed) by the connection limits.",
 	}, []string{"limit"}))
+	// Every series exists at 0 from the start, so rate() sees the first refusal.
+	for _, limit := range []string{"process", "peer", "hard"} {
+		l.refused.WithLabelValues(limit)
+	}
 	return l
 }
 
