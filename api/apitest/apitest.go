@@ -157,6 +157,13 @@ func (v *Validator) Check(req *http.Request, status int, header http.Header, bod
 		req.URL.Path, req.URL.RawPath = ep, ""
 	}
 	route, params, err := v.router.FindRoute(req)
+	for _, p := range params {
+		if err == nil && p == "" {
+			// The router matches /api/tasks as /api/tasks/{id} with an
+			// empty id; no server route does, so ask for the path itself.
+			err = &routers.RouteError{Reason: routers.ErrPathNotFound.Error()}
+		}
+	}
 	if err != nil {
 		var re *routers.RouteError
 		if !errors.As(err, &re) {
