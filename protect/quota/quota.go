@@ -270,12 +270,14 @@ func (q *Quota) Check(ctx context.Context, s Subject) (Decision, error) {
 	}
 	d.Remaining = max(s.Limit-vals[0], 0)
 	if s.Key != "" {
-		var lerr error
+		// Only a key over its limit is remembered as refused; one with
+		// room must still reach Take.
+		code := int64(0)
 		if vals[0] >= s.Limit {
-			lerr = q.refusal(ErrKeyLimit, s.Limit, now)
+			code = 3
 		}
-		q.remember(day, s, 3, d)
-		return d, lerr
+		q.remember(day, s, code, d)
+		return d, q.decisionErr(code, s, now)
 	}
 	d.GlobalRemaining = max(s.Global-vals[1], 0)
 	code := int64(0)
