@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -10,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/agent"
+	"faregate/agent/guide"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -339,6 +345,70 @@ func TestKeyTokenBucketTooSmall(t *testing.T) {
 		t.Fatalf("a refused creation was counted: %s", u.Raw)
 	}
 	t.Logf("L2: tokens_per_minute 100 (capacity 200) < one minimal run: 429 token_rate_limited, Retry-After %d", ra)
+}
+
+// TestKeyTokenBucketRetryAfter is the L2 bucket's Retry-After measured end
+// to end: a task whose provider reports the bucket's whole capacity
+// empties it, and the next creation is refused with token_rate_limited and
+// a Retry-After that is the time until the bucket refills to one minimal
+// run (computed here the way the server sizes it), minus the refill since.
+func TestKeyTokenBucketRetryAfter(t *testing.T) {
+	const rate = 6000 // tokens per minute: 100 a second, capacity 12000
+	llm := newMeteredLLM(t, func(chatRequest, int) meteredReply {
+		return meteredReply{Content: itinerary(1, ""), Prompt: 2*rate - 100, Completion: 100}
+	})
+	acme := newAPIKey("acme")
+	pf := newPolicyFile(t, fmt.Sprintf("tiers:\n  metered: {tasks_per_day: 10, tokens_per_day: 10000000, tokens_per_minute: %d, requests_per_minute: 600}\nkeys:\n", rate)+
+		acme.line("metered"))
+	env := map[string]string{"FAREGATE_POLICY_FILE": pf.Path, "FAREGATE_LLM_BASE_URL": llm.BaseURL(),
+		"FAREGATE_AGENT_MAX_TOOL_CALLS": "0", "FAREGATE_TASK_TOKEN_LIMIT": "1000000"}
+	need := minRunTokens(t, env)
+	s := startServer(t, env)
+	r := do(t, "POST", s.URL+"/api/tasks", `{"destination":"Rome","days":1}`, acme.auth())
+	if r.Status != 202 {
+		t.Fatalf("first: %d %s", r.Status, r.Raw)
+	}
+	taken := time.Now() // the run takes from the bucket after this
+	if task := waitTask(t, s.URL, r.Body["id"].(string)); task["status"] != "succeeded" {
+		t.Fatalf("first task: %v", task)
+	}
+	r = do(t, "POST", s.URL+"/api/tasks", `{"destination":"Oslo","days":1}`, acme.auth())
+	since := time.Since(taken)
+	if r.Status != 429 || r.code() != "token_rate_limited" {
+		t.Fatalf("second: %d %s", r.Status, r.Raw)
+	}
+	ra := retryAfterMatches(t, r, "tpm")
+	// The bucket was empty when the run settled and has refilled at 100/s
+	// since the take: the exact wait is need/100 s minus at most since.
+	full := float64(need) * 60 / rate
+	lo, hi := int64(math.Ceil(full-since.Seconds())), int64(math.Ceil(full))
+	if ra < lo || ra > hi {
+		t.Fatalf("Retry-After %d, want %d..%d (one minimal run is %d tokens, %v since the take)", ra, lo, hi, need, since)
+	}
+	if n := llm.Count(); n != 1 {
+		t.Fatalf("model calls %d, want 1", n)
+	}
+	t.Logf("L2: bucket %d/min emptied by a run; one minimal run = %d tokens; Retry-After %ds, exact wait between %.2fs and %.2fs",
+		rate, need, ra, full-since.Seconds(), full)
+}
+
+// minRunTokens is the reservation of one minimal run for the server env
+// configures, sized as build sizes it: the workflow's MinRunTokens with
+// the same models, tools and tokenizer.
+func minRunTokens(t *testing.T, env map[string]string) int64 {
+	t.Helper()
+	cfg, err := loadConfig(envOf(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg := slog.New(slog.DiscardHandler)
+	models, err := buildModels(cfg, lg, prometheus.NewRegistry(), func(agent.Alert) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := agent.NewWorkflow(agent.Config{MaxSteps: cfg.AgentMaxSteps, MaxToolCalls: cfg.AgentMaxToolCalls, MaxTokens: cfg.LLMMaxTokens},
+		agent.Deps{Models: models, Tools: buildToolbox(cfg, guide.Default(), lg), Estimate: estimator(models)})
+	return wf.MinRunTokens()
 }
 
 // TestSitePacingRefusesSecondTask: with a small site tokens-per-minute
