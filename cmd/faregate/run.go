@@ -279,7 +279,8 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	}
 	prober := &prober{rdb: rdb, now: time.Now, warn: func(msg string) { fmt.Fprintln(stdout, msg); lg.Error(msg) }}
 	srv = api.NewServer(api.Deps{
-		Logger: lg, Visitors: visitors, Verifier: verifier, Quota: q, Limiter: limiter, Budget: bud,
+		Logger: lg, Visitors: visitors, Verifier: verifier, Quota: q, Limiter: limiter,
+		Budget:    admissionBudget{Budget: bud, notify: a.alerts.Notify},
 		Policy:    func() api.Policy { return policyView{a.policies.Current()} },
 		PlanCache: cache, PlanCacheMode: cfg.cacheMode,
 		MinRunTokens: wf.MinRunTokens(), MinRunCost: minRunCost(bud, models, wf.MinRunTokens(), cfg.LLMMaxTokens),

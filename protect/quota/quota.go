@@ -271,7 +271,8 @@ func (q *Quota) Check(ctx context.Context, s Subject) (Decision, error) {
 	}
 	d.Remaining = max(s.Limit-vals[0], 0)
 	if s.Key != "" {
-		// Only a key over its limit is remembered as refused (code 3).
+		// Only a key over its limit is remembered as refused; one with
+		// room must still reach Take.
 		code := int64(0)
 		if vals[0] >= s.Limit {
 			code = 3
