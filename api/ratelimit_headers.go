@@ -120,8 +120,8 @@ func (s *server) budgetQuota(st *state, scope budget.Scope) (string, int64) {
 }
 
 // admissionHeaders advertises the principal's policies on a 202: its daily
-// tasks and its request window (and its tokens per minute, when its tier
-// has a bucket).
+// tasks and its request window. (A tier's tokens per minute is not among
+// them: its remaining would need a read of the bucket on every admission.)
 func (s *server) admissionHeaders(h http.Header, st *state, dec quota.Decision) {
 	reset := ceilSeconds(dec.Reset.Sub(s.d.Now()))
 	items := []rlItem{{policyDaily, st.tier.TasksPerDay, 86400, dec.Remaining, reset}}

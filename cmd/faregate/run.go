@@ -126,8 +126,13 @@ func (a *app) close() {
 }
 
 // build assembles every dependency from cfg; spans go to tp.
-func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerProvider) (*app, error) {
+func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerProvider) (_ *app, err error) {
 	a := &app{cfg: cfg, lg: lg, stdout: stdout, hup: make(chan struct{}, 1)}
+	defer func() {
+		if err != nil {
+			a.close() // what was opened before the failure (Redis, the embedded server)
+		}
+	}()
 	defaults := cfg.embeddedDefaults()
 	for _, d := range defaults {
 		// Loud on purpose: a demo on embedded defaults protects nothing.
