@@ -21,6 +21,25 @@ import (
 // go-redis's cluster URL form: redis://h1:p1?addr=h2:p2&addr=h3:p3.
 const EnvClusterURL = "FAREGATE_TEST_REDIS_CLUSTER"
 
+// EnvClusterTests, set to 1, turns on the tests that start a cluster of
+// their own (a failover test kills a master, so it cannot use the shared
+// one). .ci/run sets it; plain `go test ./...` skips them, since six
+// redis-server processes and a failover take many seconds.
+const EnvClusterTests = "FAREGATE_CLUSTER_TESTS"
+
+// WantCluster skips the test unless cluster tests were asked for: by
+// FAREGATE_CLUSTER_TESTS=1, or (unless private, a test that needs a
+// cluster of its own) by a shared cluster named in
+// FAREGATE_TEST_REDIS_CLUSTER. It is a gate, not a dependency check: once
+// asked for, a missing redis-server fails under CI=true (StartCluster).
+func WantCluster(t testing.TB, private bool) {
+	t.Helper()
+	if os.Getenv(EnvClusterTests) == "1" || (!private && os.Getenv(EnvClusterURL) != "") {
+		return
+	}
+	t.Skip("cluster test: set " + EnvClusterTests + "=1 (.ci/run does)")
+}
+
 // Cluster is a Redis Cluster of three masters, each with one replica, made
 // of redis-server processes owned by one test (so the test may kill a
 // master), or the shared one named by FAREGATE_TEST_REDIS_CLUSTER.
@@ -265,6 +284,27 @@ func (c *Cluster) MasterOf(t testing.TB, key string) string {
 	}
 	t.Fatalf("no node serves slot %d", slot)
 	return ""
+}
+
+// Nodes lists the address of every node the cluster knows and does not
+// consider failed, masters and replicas alike (CLUSTER NODES).
+func (c *Cluster) Nodes(t testing.TB) []string {
+	t.Helper()
+	raw, err := c.Client(t).ClusterNodes(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(raw), "\n") {
+		// <id> <ip:port@cport[,hostname]> <flags> ...
+		f := strings.Fields(line)
+		if len(f) < 3 || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		out = append(out, addr)
+	}
+	return out
 }
 
 // Kill kills the node at addr with SIGKILL (a private cluster only) and
