@@ -167,6 +167,12 @@ func StartCluster(t testing.TB) *Cluster {
 	if !cl.waitOK(t, 30*time.Second) {
 		t.Fatal("cluster never reported cluster_state:ok on every node")
 	}
+	// The cluster is ok before the replicas have attached: a master killed
+	// then would have nobody to take over. Wait until every replica is in
+	// sync with its master and every node names a replica for each range.
+	if !cl.waitReplicas(t, 60*time.Second) {
+		t.Fatal("the cluster's replicas never all attached to their masters")
+	}
 	return cl
 }
 
@@ -246,6 +252,39 @@ func (c *Cluster) waitOK(t testing.TB, d time.Duration) bool {
 			_ = cc.Close()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
 				return false
+			}
+		}
+		return true
+	})
+}
+
+// waitReplicas waits until every live replica's link to its master is up
+// and every live node's CLUSTER SLOTS names a master and a replica for
+// every range.
+func (c *Cluster) waitReplicas(t testing.TB, d time.Duration) bool {
+	t.Helper()
+	return waitFor(d, func() bool {
+		for _, n := range c.nodes {
+			n.mu.Lock()
+			alive := n.cmd != nil
+			n.mu.Unlock()
+			if !alive {
+				continue
+			}
+			cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+			info, ierr := cc.Info(context.Background(), "replication").Result()
+			slots, serr := cc.ClusterSlots(context.Background()).Result()
+			_ = cc.Close()
+			if ierr != nil || serr != nil {
+				return false
+			}
+			if strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up") {
+				return false
+			}
+			for _, s := range slots {
+				if len(s.Nodes) < 2 {
+					return false
+				}
 			}
 		}
 		return true
