@@ -65,12 +65,13 @@ const NodeTimeout = 2 * time.Second
 
 // SharedCluster returns the shared cluster of FAREGATE_TEST_REDIS_CLUSTER,
 // claimed for this test alone (tests of several packages take turns) and
-// flushed, or else a private cluster from StartCluster.
+// flushed, or else a private cluster like StartCluster's (without waiting
+// for its replicas: nobody kills a node of a shared cluster).
 func SharedCluster(t testing.TB) *Cluster {
 	t.Helper()
 	raw := os.Getenv(EnvClusterURL)
 	if raw == "" {
-		return StartCluster(t)
+		return startCluster(t, false)
 	}
 	opt, err := redis.ParseClusterURL(raw)
 	if err != nil {
@@ -114,8 +115,16 @@ func SharedCluster(t testing.TB) *Cluster {
 
 // StartCluster starts six redis-server processes on free loopback ports
 // (their bus ports, +10000, free too) and joins them into a cluster of three
-// masters with a replica each. Skips (fails in CI) without redis-server.
+// masters with a replica each, and returns once every replica is in sync,
+// so a test may kill a master. Skips (fails in CI) without redis-server.
 func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return startCluster(t, true)
+}
+
+// startCluster is StartCluster; without replicas it returns as soon as
+// every slot is served, which is all a test that kills nothing needs.
+func startCluster(t testing.TB, replicas bool) *Cluster {
 	t.Helper()
 	bin, err := serverBinary()
 	if err != nil {
@@ -170,7 +179,7 @@ func StartCluster(t testing.TB) *Cluster {
 	// The cluster is ok before the replicas have attached: a master killed
 	// then would have nobody to take over. Wait until every replica is in
 	// sync with its master and every node names a replica for each range.
-	if !cl.waitReplicas(t, 60*time.Second) {
+	if replicas && !cl.waitReplicas(t, 60*time.Second) {
 		t.Fatal("the cluster's replicas never all attached to their masters")
 	}
 	return cl
