@@ -200,11 +200,12 @@ func withEnv(env map[string]string, k, v string) map[string]string {
 // save is retried and lands once the link is back: the task ends
 // succeeded. Not worker_lost, by the timing: the outage lasts from the cut
 // until the runner's first failed final save (plus one poll), a few
-// seconds at most, while the lease is 20 s, so the runner still holds the
-// task when Redis answers again. Without the retry the save would be lost,
+// seconds, while the lease is 30 s (renewed every 10 s, so at least 20 s
+// are left at the cut), so the runner still holds the task when Redis
+// answers again and its next retry, at most 2 s later, lands. Without the retry the save would be lost,
 // and the only way left to end the task would be worker_lost after the lease.
 func TestFinalSaveAcrossRedisOutage(t *testing.T) {
-	const lease = 20 * time.Second
+	const lease = 30 * time.Second
 	rs := redistest.Start(t)
 	px := redistest.StartProxy(t, rs.Addr())
 	answer := make(chan struct{})
