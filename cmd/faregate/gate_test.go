@@ -162,7 +162,7 @@ func TestShapeRefusalsCountNothing(t *testing.T) {
 // against a limit of 7 admit exactly 7; 200 visitors (through a trusted
 // proxy) against a global limit of 50 admit exactly 50. Real Redis.
 func TestQuotaExactUnderConcurrency(t *testing.T) {
-	be := redistest.Real(t)
+	be := redistest.Private(t) // a flood: a redis-server of its own
 	t.Run("one visitor", func(t *testing.T) {
 		_ = be.Client.FlushDB(context.Background()).Err()
 		s := startServer(t, realRedisEnv(be.URL, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "7", "FAREGATE_GLOBAL_DAILY_LIMIT": "100000"}))

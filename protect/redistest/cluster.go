@@ -21,6 +21,25 @@ import (
 // go-redis's cluster URL form: redis://h1:p1?addr=h2:p2&addr=h3:p3.
 const EnvClusterURL = "FAREGATE_TEST_REDIS_CLUSTER"
 
+// EnvClusterTests, set to 1, turns on the tests that start a cluster of
+// their own (a failover test kills a master, so it cannot use the shared
+// one). .ci/run sets it; plain `go test ./...` skips them, since six
+// redis-server processes and a failover take many seconds.
+const EnvClusterTests = "FAREGATE_CLUSTER_TESTS"
+
+// WantCluster skips the test unless cluster tests were asked for: by
+// FAREGATE_CLUSTER_TESTS=1, or (unless private, a test that needs a
+// cluster of its own) by a shared cluster named in
+// FAREGATE_TEST_REDIS_CLUSTER. It is a gate, not a dependency check: once
+// asked for, a missing redis-server fails under CI=true (StartCluster).
+func WantCluster(t testing.TB, private bool) {
+	t.Helper()
+	if os.Getenv(EnvClusterTests) == "1" || (!private && os.Getenv(EnvClusterURL) != "") {
+		return
+	}
+	t.Skip("cluster test: set " + EnvClusterTests + "=1 (.ci/run does)")
+}
+
 // Cluster is a Redis Cluster of three masters, each with one replica, made
 // of redis-server processes owned by one test (so the test may kill a
 // master), or the shared one named by FAREGATE_TEST_REDIS_CLUSTER.
@@ -46,12 +65,13 @@ const NodeTimeout = 2 * time.Second
 
 // SharedCluster returns the shared cluster of FAREGATE_TEST_REDIS_CLUSTER,
 // claimed for this test alone (tests of several packages take turns) and
-// flushed, or else a private cluster from StartCluster.
+// flushed, or else a private cluster like StartCluster's (without waiting
+// for its replicas: nobody kills a node of a shared cluster).
 func SharedCluster(t testing.TB) *Cluster {
 	t.Helper()
 	raw := os.Getenv(EnvClusterURL)
 	if raw == "" {
-		return StartCluster(t)
+		return startCluster(t, false)
 	}
 	opt, err := redis.ParseClusterURL(raw)
 	if err != nil {
@@ -95,8 +115,16 @@ func SharedCluster(t testing.TB) *Cluster {
 
 // StartCluster starts six redis-server processes on free loopback ports
 // (their bus ports, +10000, free too) and joins them into a cluster of three
-// masters with a replica each. Skips (fails in CI) without redis-server.
+// masters with a replica each, and returns once every replica is in sync,
+// so a test may kill a master. Skips (fails in CI) without redis-server.
 func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return startCluster(t, true)
+}
+
+// startCluster is StartCluster; without replicas it returns as soon as
+// every slot is served, which is all a test that kills nothing needs.
+func startCluster(t testing.TB, replicas bool) *Cluster {
 	t.Helper()
 	bin, err := serverBinary()
 	if err != nil {
@@ -147,6 +175,12 @@ func StartCluster(t testing.TB) *Cluster {
 	cl.URL = "redis://" + seeds + "?" + q.Encode()
 	if !cl.waitOK(t, 30*time.Second) {
 		t.Fatal("cluster never reported cluster_state:ok on every node")
+	}
+	// The cluster is ok before the replicas have attached: a master killed
+	// then would have nobody to take over. Wait until every replica is in
+	// sync with its master and every node names a replica for each range.
+	if replicas && !cl.waitReplicas(t, 60*time.Second) {
+		t.Fatal("the cluster's replicas never all attached to their masters")
 	}
 	return cl
 }
@@ -233,6 +267,39 @@ func (c *Cluster) waitOK(t testing.TB, d time.Duration) bool {
 	})
 }
 
+// waitReplicas waits until every live replica's link to its master is up
+// and every live node's CLUSTER SLOTS names a master and a replica for
+// every range.
+func (c *Cluster) waitReplicas(t testing.TB, d time.Duration) bool {
+	t.Helper()
+	return waitFor(d, func() bool {
+		for _, n := range c.nodes {
+			n.mu.Lock()
+			alive := n.cmd != nil
+			n.mu.Unlock()
+			if !alive {
+				continue
+			}
+			cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+			info, ierr := cc.Info(context.Background(), "replication").Result()
+			slots, serr := cc.ClusterSlots(context.Background()).Result()
+			_ = cc.Close()
+			if ierr != nil || serr != nil {
+				return false
+			}
+			if strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up") {
+				return false
+			}
+			for _, s := range slots {
+				if len(s.Nodes) < 2 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
 // Client returns a cluster client on the cluster, closed when the test ends.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
@@ -265,6 +332,27 @@ func (c *Cluster) MasterOf(t testing.TB, key string) string {
 	}
 	t.Fatalf("no node serves slot %d", slot)
 	return ""
+}
+
+// Nodes lists the address of every node the cluster knows and does not
+// consider failed, masters and replicas alike (CLUSTER NODES).
+func (c *Cluster) Nodes(t testing.TB) []string {
+	t.Helper()
+	raw, err := c.Client(t).ClusterNodes(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(raw), "\n") {
+		// <id> <ip:port@cport[,hostname]> <flags> ...
+		f := strings.Fields(line)
+		if len(f) < 3 || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		out = append(out, addr)
+	}
+	return out
 }
 
 // Kill kills the node at addr with SIGKILL (a private cluster only) and

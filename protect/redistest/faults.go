@@ -125,17 +125,23 @@ func (c *faultConn) Write(p []byte) (int, error) {
 }
 
 func (c *faultConn) Read(p []byte) (int, error) {
-	if c.swallow.CompareAndSwap(true, false) {
+	for {
+		// The flag is looked at once bytes came back, not before the read:
+		// the proxy's reader is already blocked here when the armed request
+		// is written, and the first bytes after it are that request's reply
+		// (a client sends its next command only after reading the last reply).
+		n, err := c.Conn.Read(p)
+		if n == 0 || !c.swallow.CompareAndSwap(true, false) {
+			return n, err
+		}
 		// Discard what Redis answered, then read on: nothing else comes,
 		// so the client's own read deadline ends the wait, as it would
 		// for a reply lost on the wire.
-		scratch := make([]byte, 64<<10)
-		if _, err := c.Conn.Read(scratch); err != nil {
+		c.f.lost.Add(1)
+		if err != nil {
 			return 0, err
 		}
-		c.f.lost.Add(1)
 	}
-	return c.Conn.Read(p)
 }
 
 func (c *faultConn) Close() error {

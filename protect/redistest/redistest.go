@@ -59,6 +59,15 @@ func Real(t testing.TB) Backend {
 	return Backend{Name: "redis", Client: s.Client(t), URL: s.URL()}
 }
 
+// Private returns a redis-server process of the test's own as a Backend:
+// for tests that stop, flood or time Redis, which must not share the
+// server other packages' tests use. Skips (fails in CI) without the binary.
+func Private(t testing.TB) Backend {
+	t.Helper()
+	s := Start(t)
+	return Backend{Name: "redis", Client: s.Client(t), URL: s.URL()}
+}
+
 // Both returns the embedded and the real backend, for conformance suites.
 // The real one is left out (or fails the test in CI) when unavailable.
 func Both(t *testing.T) []Backend {
@@ -154,6 +163,7 @@ func sharedDB(t testing.TB, raw string) Backend {
 type Server struct {
 	bin  string
 	port int
+	args []string // after the defaults; a later argument wins
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -163,6 +173,15 @@ type Server struct {
 // killed when the test ends. Skips (fails in CI) without the binary.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with further redis-server arguments after the
+// defaults (--save "" --appendonly no): a later argument wins, so
+// StartWith(t, "--appendonly", "yes", "--dir", t.TempDir()) gives a server
+// that persists.
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	bin, err := serverBinary()
 	if err != nil {
 		msg := "redis-server not found: install it (apt-get install redis-server) or set " + EnvServer
@@ -171,7 +190,7 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skip(msg)
 	}
-	s := &Server{bin: bin, port: freePort(t)}
+	s := &Server{bin: bin, port: freePort(t), args: args}
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -199,8 +218,9 @@ func (s *Server) Start() error {
 	if s.cmd != nil {
 		return nil
 	}
-	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
+	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"}, s.args...)
+	cmd := exec.Command(s.bin, args...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
 	}
