@@ -165,12 +165,26 @@ func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, erro
 	if err := r.store.Create(ctx, rec); err != nil {
 		return task.Record{}, err
 	}
-	if err := r.store.Enqueue(ctx, rec.ID); err != nil {
-		r.lg.Error("task stored but not queued", "task", rec.ID, "request_id", rec.RequestID, "err", err.Error())
-		return task.Record{}, err
+	// The task is counted and stored; a Redis hiccup now must not leave it
+	// queued for ever with no queue entry. Try again a little, then end it.
+	var err error
+	for i, wait := range []time.Duration{0, 100 * time.Millisecond, 400 * time.Millisecond} {
+		if i > 0 && sleep(ctx, wait) != nil {
+			break
+		}
+		if err = r.store.Enqueue(ctx, rec.ID); err == nil {
+			r.tasks.WithLabelValues(task.StatusQueued).Inc()
+			return rec, nil
+		}
 	}
-	r.tasks.WithLabelValues(task.StatusQueued).Inc()
-	return rec, nil
+	r.lg.Error("task stored but not queued", "task", rec.ID, "request_id", rec.RequestID, "err", err.Error())
+	rec.Status = task.StatusFailed
+	rec.UpdatedAt = r.o.Now().UTC()
+	rec.Error = &task.TaskError{Code: task.CodeAgentFailed, Message: "the task could not be queued; please try again later"}
+	if ferr := r.store.FailUnqueued(context.WithoutCancel(ctx), rec); ferr != nil {
+		r.lg.Error("unqueued task not marked failed", "task", rec.ID, "err", ferr.Error())
+	}
+	return task.Record{}, err
 }
 
 // Cached stores a task that is final at once: a plan served from the plan

@@ -286,3 +286,32 @@ func TestCached(t *testing.T) {
 		t.Fatalf("a cached plan entered the queue (depth %d)", n)
 	}
 }
+
+// TestSubmitNotQueued: a task stored but refused by the queue (here the
+// queue key is of the wrong type) is not left queued for ever: it ends
+// failed with its final events, and Submit reports the error.
+func TestSubmitNotQueued(t *testing.T) {
+	be := redistest.Mini(t)
+	ctx := context.Background()
+	if err := be.Client.Set(ctx, taskstore.QueueKey, "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	store := taskstore.New(be.Client)
+	r := NewRunner(store, execFn(succeed), RunnerOptions{Queue: be.Client})
+	if _, err := r.Submit(ctx, task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"}); !errors.Is(err, taskstore.ErrUnavailable) {
+		t.Fatalf("submit: %v, want ErrUnavailable", err)
+	}
+	keys, err := be.Client.Keys(ctx, "faregate:task:{*}").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("task keys %v %v", keys, err)
+	}
+	id := keys[0][len("faregate:task:{") : len(keys[0])-1]
+	rec, err := store.Get(ctx, id)
+	if err != nil || rec.Status != task.StatusFailed || rec.Error == nil || rec.Error.Code != task.CodeAgentFailed {
+		t.Fatalf("the unqueued task: %+v %v", rec, err)
+	}
+	evs, _ := be.Client.XRange(ctx, "faregate:task:{"+id+"}:events", "-", "+").Result()
+	if len(evs) != 3 || evs[2].Values["type"] != task.EventDone {
+		t.Fatalf("events %v, want status, status, done", evs)
+	}
+}

@@ -131,6 +131,34 @@ func (s *Store) CreateFinal(ctx context.Context, rec task.Record) error {
 	return nil
 }
 
+// failUnqueuedScript ends a stored task that never reached the queue: no
+// worker holds it (it was never handed out), so no lease fences it. It only
+// replaces a record that exists. KEYS record, events. ARGV record, status
+// data, done data, ttl, maxlen.
+var failUnqueuedScript = redis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], 'XX', 'EX', ARGV[4]) == false then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'done', 'data', ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1
+`)
+
+// FailUnqueued stores rec, already failed, over a task that was stored but
+// could not be put on the queue, with its final events.
+func (s *Store) FailUnqueued(ctx context.Context, rec task.Record) error {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("taskstore: encode task: %w", err)
+	}
+	status, _ := json.Marshal(map[string]string{"status": rec.Status})
+	done, _ := json.Marshal(rec.Task)
+	if err := failUnqueuedScript.Run(ctx, s.rdb, []string{taskKey(rec.ID), eventsKey(rec.ID)},
+		body, status, done, int64(TaskTTL/time.Second), streamMaxLen).Err(); err != nil {
+		return unavailable(err)
+	}
+	return nil
+}
+
 // Get loads a task.
 func (s *Store) Get(ctx context.Context, id string) (task.Record, error) {
 	if !task.ValidID(id) {
