@@ -13,20 +13,17 @@ import (
 )
 
 // bodyShape refuses a body by its headers alone, before any middleware or
-// handler reads a byte of it: 413 when Content-Length is over MaxBody, 415
-// when a request that carries a body is not JSON. A body without a length
-// (chunked) is cut after MaxBody+1 bytes, so whoever reads it sees it is
-// too large without reading further.
+// handler reads a byte of it: 415 when a request that carries a body is not
+// JSON, then 413 when Content-Length is over MaxBody (the contract's order:
+// a large text body is 415). A body without a length (chunked) is cut after
+// MaxBody+1 bytes, so whoever reads it sees it is too large without reading
+// further.
 func (s *server) bodyShape(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodPost, http.MethodPut, http.MethodPatch:
 		default:
 			next.ServeHTTP(w, r)
-			return
-		}
-		if r.ContentLength > MaxBody {
-			s.writeErr(w, r, ErrTooLarge)
 			return
 		}
 		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
@@ -37,6 +34,10 @@ func (s *server) bodyShape(next http.Handler) http.Handler {
 				s.writeErr(w, r, ErrUnsupportedMedia)
 				return
 			}
+		}
+		if r.ContentLength > MaxBody {
+			s.writeErr(w, r, ErrTooLarge)
+			return
 		}
 		if r.ContentLength < 0 && r.Body != nil {
 			r.Body = &capReader{r: r.Body, left: MaxBody + 1}
