@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -402,9 +403,14 @@ func TestSurfaceFailedCheckThrottle(t *testing.T) {
 	})
 	t.Run("413 and 415 do not count", func(t *testing.T) {
 		const ip = "198.51.100.30"
+		large := `{"turnstile_token":"bad","destination":"` + strings.Repeat("a", 17000) + `"}`
 		for i := 0; i < 2*perHour; i++ {
-			if r := create(ip, "", `{"destination":"`+strings.Repeat("a", 17000)+`"}`, nil); r.Status != 413 {
+			if r := create(ip, "", large, nil); r.Status != 413 {
 				t.Fatalf("413: %d %s", r.Status, r.Raw)
+			}
+			// Without a length the body is read, and cut, by the handler.
+			if r := postChunked(t, s.URL+"/api/tasks", large, map[string]string{"X-Forwarded-For": ip}); r.Status != 413 {
+				t.Fatalf("chunked 413: %d %s", r.Status, r.Raw)
 			}
 			if r := create(ip, "good", "", map[string]string{"Content-Type": "text/plain"}); r.Status != 415 {
 				t.Fatalf("415: %d %s", r.Status, r.Raw)
@@ -414,6 +420,30 @@ func TestSurfaceFailedCheckThrottle(t *testing.T) {
 			t.Fatalf("after %d 413s and 415s a valid token: %d %s", 2*perHour, r.Status, r.Raw)
 		}
 	})
+}
+
+// postChunked POSTs body as JSON without a Content-Length (chunked), and
+// checks the answer against the OpenAPI document.
+func postChunked(t *testing.T, url, body string, header map[string]string) reply {
+	t.Helper()
+	// A reader of a type the client cannot measure: it is sent chunked.
+	req, _ := http.NewRequest("POST", url, io.MultiReader(strings.NewReader(body)))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if err := openAPI.Check(req, resp.StatusCode, resp.Header, raw); err != nil {
+		t.Errorf("OpenAPI: %v", err)
+	}
+	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
+	_ = json.Unmarshal(raw, &r.Body)
+	return r
 }
 
 // TestSurfaceLogVolumeOfRefusals: 10,000 refused requests from 1,000
