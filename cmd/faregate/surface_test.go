@@ -73,6 +73,54 @@ func TestSurfaceStreamCapPerVisitor(t *testing.T) {
 	}
 }
 
+// TestSurfaceStreamRefusalsAreFree: a stream refused for the visitor's cap
+// is answered from memory, before the request window: it is not counted,
+// and it costs no Redis round trip, so a visitor opening thousands of
+// streams at once cannot queue the gate's pool for everyone else (what
+// TestMeasureHostileStreams measured before the caps moved first).
+func TestSurfaceStreamRefusalsAreFree(t *testing.T) {
+	be := redistest.Real(t)
+	const hold, rpm = "Held-Free-Refusals", 10
+	llm, _ := heldLLM(t, hold)
+	s := startServer(t, realRedisEnv(be.URL, map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(),
+		"FAREGATE_STREAMS_PER_VISITOR": "2", "FAREGATE_REQUESTS_PER_MINUTE": strconv.Itoa(rpm), "FAREGATE_SHUTDOWN_TIMEOUT": "1s"}))
+	id := startHeldTask(t, s, llm, hold, nil) // 1 request of the window
+	path := "/api/tasks/" + id + "/events"
+	var held []*rawStream
+	t.Cleanup(func() {
+		for _, st := range held {
+			st.close()
+		}
+	})
+	for i := 0; i < 2; i++ { // 2 more
+		st, err := openStream(t, s.URL, path, nil)
+		if err != nil || !st.held() {
+			t.Fatalf("stream %d: %v %+v", i+1, err, st)
+		}
+		held = append(held, st)
+	}
+	var refused answerTally
+	for i := 0; i < 3*rpm; i++ {
+		st, err := openStream(t, s.URL, path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused.add(st.resp.StatusCode, st.code())
+	}
+	if refused.get("429 too_many_streams") != 3*rpm {
+		t.Fatalf("%d streams over the cap: %v, want all too_many_streams (refused from memory, not counted)", 3*rpm, refused.String())
+	}
+	// The window still holds what the refusals did not take.
+	for i := 3; i < rpm; i++ {
+		if r := do(t, "GET", s.URL+"/api/tasks/"+id, "", nil); r.Status != 200 {
+			t.Fatalf("request %d of a window of %d after the refused streams: %d %s", i+1, rpm, r.Status, r.Raw)
+		}
+	}
+	if r := do(t, "GET", s.URL+"/api/tasks/"+id, "", nil); r.code() != "rate_limited" {
+		t.Fatalf("request %d of a window of %d: %d %s", rpm+1, rpm, r.Status, r.Raw)
+	}
+}
+
 // reopen retries a stream until the server has freed a slot for it.
 func reopen(t *testing.T, base, path string, header map[string]string) *rawStream {
 	t.Helper()
