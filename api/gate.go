@@ -31,11 +31,13 @@ func (s *server) bodyShape(next http.Handler) http.Handler {
 			// allocates a map even when there are no parameters).
 			mt, _, err := mime.ParseMediaType(ct)
 			if err != nil || mt != "application/json" {
+				refuseBody(w, r)
 				s.writeErr(w, r, ErrUnsupportedMedia)
 				return
 			}
 		}
 		if r.ContentLength > MaxBody {
+			refuseBody(w, r)
 			s.writeErr(w, r, ErrTooLarge)
 			return
 		}
@@ -44,6 +46,16 @@ func (s *server) bodyShape(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refuseBody closes the connection after a refusal of a declared body.
+// Otherwise net/http drains an unread body of up to 256 KiB before it
+// writes the answer, and a client that declares a body and sends it
+// slowly (or never) would hold the refusal until the read timeout.
+func refuseBody(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		w.Header()["Connection"] = hdrCloseConn
+	}
 }
 
 // capReader stops a body of unknown length after MaxBody+1 bytes: enough
