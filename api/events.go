@@ -69,6 +69,24 @@ func (c *streamCaps) open() int {
 	return c.total
 }
 
+// streamSlot takes one of the principal's and the process's stream slots
+// (streamCaps) before the request window. The caps are known from memory,
+// so a stream over them is refused without a Redis round trip and is not
+// counted: a visitor opening thousands of streams at once cannot queue the
+// gate's Redis pool for everyone else. The slot is held until the stream
+// ends.
+func (s *server) streamSlot(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		release, err := s.streams.acquire(stateOf(r).principal.Scope())
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		defer release()
+		next.ServeHTTP(w, r)
+	})
+}
+
 // handleTaskEvents streams a task's events as Server-Sent Events: every
 // event from the first (or after Last-Event-ID), then live ones until done.
 // A stream lives at most the configured maximum; then it ends without a
@@ -87,12 +105,6 @@ func (s *server) handleTaskEvents() http.Handler {
 			s.writeErr(w, r, invalid("Last-Event-ID", "must be an event id from this stream"))
 			return
 		}
-		release, err := s.streams.acquire(st.principal.Scope())
-		if err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		defer release()
 		id := chi.URLParam(r, "id")
 		if _, err := s.d.Store.Get(r.Context(), id); err != nil {
 			s.writeErr(w, r, err)
@@ -117,7 +129,7 @@ func (s *server) handleTaskEvents() http.Handler {
 		ctx, cancel := context.WithTimeout(r.Context(), s.d.Limits.StreamMaxDuration)
 		defer cancel()
 		var buf bytes.Buffer
-		err = s.d.Events.Follow(ctx, id, after, func(ev task.Event) error {
+		err := s.d.Events.Follow(ctx, id, after, func(ev task.Event) error {
 			buf.Reset()
 			if ev.Type == task.EventKeepAlive {
 				buf.WriteString(": keep-alive\n\n")

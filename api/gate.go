@@ -13,10 +13,11 @@ import (
 )
 
 // bodyShape refuses a body by its headers alone, before any middleware or
-// handler reads a byte of it: 413 when Content-Length is over MaxBody, 415
-// when a request that carries a body is not JSON. A body without a length
-// (chunked) is cut after MaxBody+1 bytes, so whoever reads it sees it is
-// too large without reading further.
+// handler reads a byte of it: 415 when a request that carries a body is not
+// JSON, then 413 when Content-Length is over MaxBody (the contract's order:
+// a large text body is 415). A body without a length (chunked) is cut after
+// MaxBody+1 bytes, so whoever reads it sees it is too large without reading
+// further.
 func (s *server) bodyShape(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
@@ -25,24 +26,36 @@ func (s *server) bodyShape(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if r.ContentLength > MaxBody {
-			s.writeErr(w, r, ErrTooLarge)
-			return
-		}
 		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
 			// The exact common form needs no parsing (ParseMediaType
 			// allocates a map even when there are no parameters).
 			mt, _, err := mime.ParseMediaType(ct)
 			if err != nil || mt != "application/json" {
+				refuseBody(w, r)
 				s.writeErr(w, r, ErrUnsupportedMedia)
 				return
 			}
+		}
+		if r.ContentLength > MaxBody {
+			refuseBody(w, r)
+			s.writeErr(w, r, ErrTooLarge)
+			return
 		}
 		if r.ContentLength < 0 && r.Body != nil {
 			r.Body = &capReader{r: r.Body, left: MaxBody + 1}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refuseBody closes the connection after a refusal of a declared body.
+// Otherwise net/http drains an unread body of up to 256 KiB before it
+// writes the answer, and a client that declares a body and sends it
+// slowly (or never) would hold the refusal until the read timeout.
+func refuseBody(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		w.Header()["Connection"] = hdrCloseConn
+	}
 }
 
 // capReader stops a body of unknown length after MaxBody+1 bytes: enough

@@ -48,7 +48,9 @@ func (s *server) router() http.Handler {
 		read := r.With(s.window(false), s.aitfScore, s.aitfDelay)
 		read.Method(http.MethodGet, "/config", s.handleConfig())
 		read.Method(http.MethodGet, "/tasks/{id}", s.handleGetTask())
-		read.Method(http.MethodGet, "/tasks/{id}/events", s.handleTaskEvents())
+		// Stream caps are refusals known from memory: they come first.
+		r.With(s.streamSlot, s.window(false), s.aitfScore, s.aitfDelay).
+			Method(http.MethodGet, "/tasks/{id}/events", s.handleTaskEvents())
 		r.With(s.window(false)).Method(http.MethodGet, "/usage", s.handleUsage())
 
 		r.NotFound(func(w http.ResponseWriter, req *http.Request) { s.writeErr(w, req, ErrNotFound) })

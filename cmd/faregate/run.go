@@ -234,7 +234,9 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	})
 
 	store := taskstore.New(rdb)
-	a.hub = taskstore.NewHub(store, rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
+	// Followers read the task's record through the readers' pool as well:
+	// a thousand followers arriving at once must not queue on the gate's.
+	a.hub = taskstore.NewHub(taskstore.New(rcs.streams), rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
 	cache := plancache.New(rdb, plancache.Options{TTL: cfg.PlanCacheTTL, Registerer: reg})
 	a.runner = agent.NewRunner(store, wf, agent.RunnerOptions{
 		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout, Queue: rcs.queue,
