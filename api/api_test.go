@@ -126,6 +126,7 @@ func TestErrorTable(t *testing.T) {
 		{"budget", budgetRefusal(t, now), 429, CodeBudgetExhausted, "18720", `"budget";r=10;t=18720`},
 		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, CodeTooManyStreams, "5", ""},
 		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
+		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
 		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, CodeTooManyFailedChecks, "1800", ""},
 		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, CodeTooManyFailedChecks, "90", ""},
 		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", ""},
@@ -306,5 +307,44 @@ func TestSetRateLimit(t *testing.T) {
 	}
 	if got := h.Get("RateLimit"); got != `"daily";r=4;t=3600, "rpm";r=0;t=60` {
 		t.Fatalf("ratelimit %q", got)
+	}
+}
+
+// TestInflight: one principal holds at most max places; the next waits (not
+// refused) until one is released, or leaves with its context; another
+// principal is never held up.
+func TestInflight(t *testing.T) {
+	f := newInflight(2)
+	a := Principal{Kind: KindVisitor, ID: "a"}
+	r1, err := f.acquire(context.Background(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.acquire(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	if rb, err := f.acquire(context.Background(), Principal{Kind: KindKey, ID: "a"}); err != nil {
+		t.Fatalf("another principal waited: %v", err)
+	} else {
+		rb()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := f.acquire(ctx, a); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a third place with a cancelled context: %v", err)
+	}
+	got := make(chan func(), 1)
+	go func() {
+		r, err := f.acquire(context.Background(), a)
+		if err == nil {
+			got <- r
+		}
+	}()
+	r1()
+	(<-got)() // the waiter got the released place
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.m[keyOf(a)]; l == nil || l.refs != 1 {
+		t.Fatalf("lane refs %+v, want the one place still held", l)
 	}
 }

@@ -139,6 +139,20 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			st := stateOf(r)
+			// A principal the window refused is refused again from memory
+			// until a request fits: nothing frees a slot sooner, so this is
+			// exact, and a flood of it costs no Redis call.
+			if err := s.limited.refusal(st.principal); err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+			// And one principal holds at most a few window checks at once,
+			// so a burst from one address waits behind itself, not in
+			// front of everyone else's requests on the gate's Redis pool.
+			release, err := s.inflight.acquire(r.Context(), st.principal)
+			if err != nil {
+				return // the client left while waiting: nobody to answer
+			}
 			req := ratelimit.GateRequest{
 				Scope:             st.principal.Scope(),
 				RequestsPerMinute: st.tier.RequestsPerMinute,
@@ -150,6 +164,7 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 			}
 			ctx, end := s.span(r.Context(), "gate.window")
 			d, err := s.d.Limiter.Gate(ctx, req)
+			release()
 			if err == nil {
 				err = d.Err()
 			}
@@ -157,8 +172,12 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 			st.window = d
 			if err != nil {
 				var re *ratelimit.RefusedError
-				if errors.As(err, &re) && re.Reason != ratelimit.ReasonRateLimited {
-					s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
+				if errors.As(err, &re) {
+					if re.Reason == ratelimit.ReasonRateLimited {
+						s.limited.remember(st.principal, re.Unwrap(), re.RetryAfter())
+					} else {
+						s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
+					}
 				}
 				s.writeErr(w, r, err)
 				return

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -135,4 +136,55 @@ func (m *memo) refusal(p Principal) error {
 		return nil
 	}
 	return &retryError{err: e.err, after: left}
+}
+
+// inflight bounds the window checks one principal has in flight in this
+// process. The rest wait for a place, in memory: they would only wait in
+// line for the gate's Redis connections, in front of other principals'.
+// Waiting, not refusing, keeps the window exact under a burst.
+type inflight struct {
+	max int
+
+	mu sync.Mutex
+	m  map[memoKey]*lane
+}
+
+// lane is one principal's places; refs counts holders and waiters, so the
+// entry goes when the last one leaves.
+type lane struct {
+	places chan struct{}
+	refs   int
+}
+
+// inflightPerPrincipal is that bound: above what a page or a script
+// needs at once, far below the pool.
+const inflightPerPrincipal = 8
+
+func newInflight(max int) *inflight { return &inflight{max: max, m: map[memoKey]*lane{}} }
+
+// acquire waits for a place for p, or until ctx ends.
+func (f *inflight) acquire(ctx context.Context, p Principal) (release func(), err error) {
+	k := keyOf(p)
+	f.mu.Lock()
+	l := f.m[k]
+	if l == nil {
+		l = &lane{places: make(chan struct{}, f.max)}
+		f.m[k] = l
+	}
+	l.refs++
+	f.mu.Unlock()
+	leave := func() {
+		f.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(f.m, k)
+		}
+		f.mu.Unlock()
+	}
+	select {
+	case l.places <- struct{}{}:
+		return func() { <-l.places; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
 }

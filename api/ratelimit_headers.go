@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"faregate/protect/budget"
 	"faregate/protect/quota"
@@ -102,6 +103,11 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, err error) {
 		}
 	case errors.As(err, &we):
 		setRateLimit(h, rlItem{policyTPM, st.tier.TokensPerMinute, 60, 0, ceilSeconds(we.RetryAfter())})
+	case errors.Is(err, ratelimit.ErrRateLimited):
+		// A window refusal answered again from memory.
+		if ra, ok := err.(interface{ RetryAfter() time.Duration }); ok {
+			setRateLimit(h, rlItem{policyRPM, st.tier.RequestsPerMinute, 60, 0, ceilSeconds(ra.RetryAfter())})
+		}
 	}
 }
 

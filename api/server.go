@@ -186,8 +186,12 @@ type server struct {
 	summary *summary
 	streams *streamCaps
 	memo    *memo
-	ready   *readiness
-	routes  routeNames
+	// limited remembers window refusals (rate_limited) until a request
+	// fits; inflight bounds each principal's window checks in flight.
+	limited  *memo
+	inflight *inflight
+	ready    *readiness
+	routes   routeNames
 }
 
 // NewServer returns the HTTP API.
@@ -202,13 +206,15 @@ func NewServer(d Deps) *Server {
 		d.Ready = func(context.Context) error { return nil }
 	}
 	s := &server{
-		d:       d,
-		m:       newMetrics(d.Registry),
-		errors:  newErrorTable(errorRows()),
-		summary: newSummary(),
-		streams: newStreamCaps(d.Limits.StreamsPerPrincipal, d.Limits.StreamsMax),
-		memo:    newMemo(200_000, d.Now),
-		ready:   &readiness{probe: d.Ready, now: d.Now},
+		d:        d,
+		m:        newMetrics(d.Registry),
+		errors:   newErrorTable(errorRows()),
+		summary:  newSummary(),
+		streams:  newStreamCaps(d.Limits.StreamsPerPrincipal, d.Limits.StreamsMax),
+		memo:     newMemo(200_000, d.Now),
+		limited:  newMemo(200_000, d.Now),
+		inflight: newInflight(inflightPerPrincipal),
+		ready:    &readiness{probe: d.Ready, now: d.Now},
 	}
 	s.m.streams(d.Registry, s.streams)
 	return &Server{h: s.router(), s: s}
