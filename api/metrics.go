@@ -1,6 +1,7 @@
 package api
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,9 @@ import (
 // metrics are the gate's Prometheus series. Labels carry codes, route
 // patterns and key ids only: never a visitor, never an address.
 type metrics struct {
+	mu     sync.RWMutex
+	series map[seriesKey]series
+
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	admissions *prometheus.CounterVec
@@ -60,8 +64,37 @@ func (m *metrics) streams(reg prometheus.Registerer, caps *streamCaps) {
 	}, func() float64 { return float64(caps.open()) }))
 }
 
-// observe counts one finished request.
+// observe counts one finished request. The series of each (route, method,
+// status) are looked up once and kept: the label hashing would otherwise
+// be a good part of a refusal's cost.
 func (m *metrics) observe(route, method string, status int, took time.Duration) {
-	m.requests.WithLabelValues(route, method, statusText(status)).Inc()
-	m.duration.WithLabelValues(route, statusClass(status)).Observe(took.Seconds())
+	k := seriesKey{route, method, status}
+	m.mu.RLock()
+	se, ok := m.series[k]
+	m.mu.RUnlock()
+	if !ok {
+		se = series{m.requests.WithLabelValues(route, method, statusText(status)), m.duration.WithLabelValues(route, statusClass(status))}
+		m.mu.Lock()
+		if m.series == nil {
+			m.series = map[seriesKey]series{}
+		}
+		// Routes are the route table's, methods and statuses few; a bound
+		// all the same, for methods a client makes up.
+		if len(m.series) < 4096 {
+			m.series[k] = se
+		}
+		m.mu.Unlock()
+	}
+	se.requests.Inc()
+	se.duration.Observe(took.Seconds())
+}
+
+type seriesKey struct {
+	route, method string
+	status        int
+}
+
+type series struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -36,8 +38,10 @@ type state struct {
 	err  error
 	// admitted is the task id of a 202, for the one admission line.
 	admitted string
-	status   int
-	bytes    int64
+	// route labels a request no route pattern names (the page's assets).
+	route  string
+	status int
+	bytes  int64
 	// span is the request's server span, for its access line.
 	span trace.SpanContext
 
@@ -147,7 +151,7 @@ func (s *server) front(next http.Handler) http.Handler {
 			s.writeErr(rw, r, &retryError{ErrServerBusy, retryAfterUnavailable})
 			return
 		}
-		v, err := s.d.Visitors.Visitor(r)
+		v, err := s.visitor(r)
 		if err != nil {
 			s.writeErr(rw, r, err)
 			return
@@ -155,6 +159,48 @@ func (s *server) front(next http.Handler) http.Handler {
 		st.visitor = v
 		next.ServeHTTP(rw, r)
 	})
+}
+
+// connVisitor remembers the visitor of a connection whose peer is not a
+// trusted proxy: every request on it comes from the same address, so its
+// keyed hash is computed once per connection, not once per request.
+type connVisitor struct {
+	mu      sync.Mutex
+	peer    string
+	visitor clientip.Visitor
+}
+
+type connKey struct{}
+
+// ConnContext gives each connection a slot for its visitor; install it as
+// (part of) http.Server.ConnContext.
+func ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, &connVisitor{})
+}
+
+// visitor resolves the request's visitor, from the connection's slot when
+// the peer is the same untrusted one as before (a trusted proxy's requests
+// each name their own visitor, so they are resolved every time).
+func (s *server) visitor(r *http.Request) (clientip.Visitor, error) {
+	cv, _ := r.Context().Value(connKey{}).(*connVisitor)
+	if cv == nil {
+		return s.d.Visitors.Visitor(r)
+	}
+	cv.mu.Lock()
+	if cv.peer != "" && cv.peer == r.RemoteAddr {
+		v := cv.visitor
+		cv.mu.Unlock()
+		return v, nil
+	}
+	cv.mu.Unlock()
+	v, err := s.d.Visitors.Visitor(r)
+	if err != nil || s.d.Visitors.TrustedPeer(r) {
+		return v, err
+	}
+	cv.mu.Lock()
+	cv.peer, cv.visitor = r.RemoteAddr, v
+	cv.mu.Unlock()
+	return v, nil
 }
 
 // finish recovers a panic into a 500, then counts and logs the request.

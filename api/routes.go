@@ -11,13 +11,14 @@ import (
 
 // router is the whole HTTP surface on one screen. The order of the checks
 // matters and follows the contract: the front middleware (id, visitor,
-// connection limit) for everything; then, under /api, CORS, the body's
+// connection limit) for everything; then, for /api paths, CORS, the body's
 // shape from its headers, and the principal (a bad key is 401); then per
 // route the request window and the AITF scorer. POST /api/tasks runs its
-// own further checks in order (tasks.go).
+// own further checks in order (tasks.go). The routes sit in one flat tree:
+// a request is routed once (a mounted sub-router would route it twice).
 func (s *server) router() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.front)
+	r.Use(s.front, s.apiOnly(s.serverSpan, s.d.CORS, s.bodyShape, s.principal))
 
 	r.Method(http.MethodGet, "/healthz", handleHealth())
 	r.Method(http.MethodGet, "/readyz", s.handleReady())
@@ -25,46 +26,65 @@ func (s *server) router() http.Handler {
 		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.d.Registry, promhttp.HandlerOpts{}))
 	}
 
-	r.Route("/api", func(r chi.Router) {
-		r.Use(s.serverSpan)
-		if s.d.CORS != nil {
-			r.Use(s.d.CORS)
-		}
-		r.Use(s.bodyShape, s.principal)
-
-		// Documents about the API cost nothing and are not counted.
-		if s.d.OpenAPI != nil {
-			r.Method(http.MethodGet, "/openapi.json", s.handleOpenAPI())
-		}
-		if s.d.Client != nil {
-			r.Method(http.MethodGet, "/client.js", s.d.Client)
-			r.Method(http.MethodGet, "/client.d.ts", s.d.Client)
-		}
-
-		// POST /api/tasks refuses from memory before the window (tasks.go),
-		// and scores AITF only once its cheap refusals are behind it.
-		r.With(s.remembered, s.window(true), s.aitfScore).Method(http.MethodPost, "/tasks", s.handleCreateTask())
-
-		read := r.With(s.window(false), s.aitfScore, s.aitfDelay)
-		read.Method(http.MethodGet, "/config", s.handleConfig())
-		read.Method(http.MethodGet, "/tasks/{id}", s.handleGetTask())
-		// Stream caps are refusals known from memory: they come first.
-		r.With(s.streamSlot, s.window(false), s.aitfScore, s.aitfDelay).
-			Method(http.MethodGet, "/tasks/{id}/events", s.handleTaskEvents())
-		r.With(s.window(false)).Method(http.MethodGet, "/usage", s.handleUsage())
-
-		r.NotFound(func(w http.ResponseWriter, req *http.Request) { s.writeErr(w, req, ErrNotFound) })
-		r.MethodNotAllowed(s.methodNotAllowed(r))
-	})
-
-	// Everything else is the page and its assets (the web handler answers
-	// its own 404s and 405s).
-	if s.d.Web != nil {
-		r.Handle("/*", s.d.Web)
+	// Documents about the API cost nothing and are not counted.
+	if s.d.OpenAPI != nil {
+		r.Method(http.MethodGet, "/api/openapi.json", s.handleOpenAPI())
 	}
-	r.NotFound(func(w http.ResponseWriter, req *http.Request) { s.writeErr(w, req, ErrNotFound) })
+	if s.d.Client != nil {
+		r.Method(http.MethodGet, "/api/client.js", s.d.Client)
+		r.Method(http.MethodGet, "/api/client.d.ts", s.d.Client)
+	}
+
+	// POST /api/tasks refuses from memory before the window (tasks.go),
+	// and scores AITF only once its cheap refusals are behind it.
+	r.With(s.remembered, s.window(true), s.aitfScore).Method(http.MethodPost, "/api/tasks", s.handleCreateTask())
+
+	read := r.With(s.window(false), s.aitfScore, s.aitfDelay)
+	read.Method(http.MethodGet, "/api/config", s.handleConfig())
+	read.Method(http.MethodGet, "/api/tasks/{id}", s.handleGetTask())
+	// Stream caps are refusals known from memory: they come first.
+	r.With(s.streamSlot, s.window(false), s.aitfScore, s.aitfDelay).
+		Method(http.MethodGet, "/api/tasks/{id}/events", s.handleTaskEvents())
+	r.With(s.window(false)).Method(http.MethodGet, "/api/usage", s.handleUsage())
+
+	// Every other path is the page and its assets (the web handler answers
+	// its own 404s and 405s), but under /api a JSON 404.
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		if isAPI(req.URL.Path) || s.d.Web == nil {
+			s.writeErr(w, req, ErrNotFound)
+			return
+		}
+		if st := stateOf(req); st != nil {
+			st.route = "/*"
+		}
+		s.d.Web.ServeHTTP(w, req)
+	})
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 	return r
+}
+
+// isAPI reports whether path is the API's.
+func isAPI(path string) bool { return path == "/api" || strings.HasPrefix(path, "/api/") }
+
+// apiOnly applies the middleware (nil ones skipped), in order, to /api
+// paths only: before routing, so a CORS preflight or a bad key is answered
+// whatever the method and path.
+func (s *server) apiOnly(mws ...func(http.Handler) http.Handler) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		api := next
+		for i := len(mws) - 1; i >= 0; i-- {
+			if mws[i] != nil {
+				api = mws[i](api)
+			}
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if isAPI(r.URL.Path) {
+				api.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 // allMethods are the methods a 405's Allow header may list.
@@ -75,9 +95,6 @@ var allMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.
 func (s *server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		path := r.URL.Path
-		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePath != "" {
-			path = rc.RoutePath
-		}
 		var allow []string
 		for _, m := range allMethods {
 			if routes.Match(chi.NewRouteContext(), m, path) {
@@ -113,6 +130,9 @@ type routeNames struct {
 
 // of is RoutePattern(r), cached.
 func (rn *routeNames) of(r *http.Request) string {
+	if st := stateOf(r); st != nil && st.route != "" {
+		return st.route
+	}
 	rc := chi.RouteContext(r.Context())
 	if rc == nil || len(rc.RoutePatterns) == 0 {
 		return "unmatched"

@@ -256,6 +256,9 @@ func Codes() []string { return newErrorTable(errorRows()).Codes() }
 // RoutePattern is the chi route pattern of a routed request ("unmatched"
 // before routing), a label that cannot grow with user input.
 func RoutePattern(r *http.Request) string {
+	if st := stateOf(r); st != nil && st.route != "" {
+		return st.route
+	}
 	if rc := chi.RouteContext(r.Context()); rc != nil {
 		if p := rc.RoutePattern(); p != "" {
 			return p

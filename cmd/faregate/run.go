@@ -465,8 +465,10 @@ func (a *app) serve(ctx context.Context) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	srv := &http.Server{
-		BaseContext:       func(net.Listener) context.Context { return base },
-		ConnContext:       lim.ConnContext,
+		BaseContext: func(net.Listener) context.Context { return base },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return api.ConnContext(lim.ConnContext(ctx, c), c)
+		},
 		Handler:           a.server,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
