@@ -15,9 +15,9 @@ package quota
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -203,6 +203,19 @@ func KeyKey(day, id string) string { return "faregate:quota:{" + day + "}:key:" 
 
 func attemptKey(day, id string) string { return "faregate:quota:{" + day + "}:att:" + id }
 
+// attemptID is 128 random bits in hex.
+func attemptID() string {
+	var b [32]byte
+	const hexd = "0123456789abcdef"
+	x, y := mrand.Uint64(), mrand.Uint64()
+	for i := 0; i < 16; i++ {
+		b[i], b[16+i] = hexd[x&0xf], hexd[y&0xf]
+		x >>= 4
+		y >>= 4
+	}
+	return string(b[:])
+}
+
 // UntilReset is the time from now to the next UTC midnight, at least 1s.
 func UntilReset(now time.Time) time.Duration {
 	d := NextMidnight(now).Sub(now)
@@ -340,10 +353,13 @@ func (q *Quota) Take(ctx context.Context, s Subject) (Decision, error) {
 	if err := q.Remembered(s); err != nil {
 		return d, err
 	}
-	day := Day(now)
+	q.mu.Lock()
+	day := q.dayLocked(now)
+	q.mu.Unlock()
 	// The attempt id is fixed before the call, so every re-send of this
-	// script (by any retry loop below us) carries the same one.
-	att := attemptKey(day, rand.Text())
+	// script (by any retry loop below us) carries the same one. It only has
+	// to be unique, not secret: 128 bits of the fast generator.
+	att := attemptKey(day, attemptID())
 	var res []int64
 	var err error
 	if s.Key != "" {
