@@ -32,11 +32,24 @@ type Lease struct {
 
 // Enqueue puts an admitted task on the queue for any replica's worker.
 func (s *Store) Enqueue(ctx context.Context, id string) error {
-	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: QueueKey, Values: []any{"task", id}}).Err(); err != nil {
+	if err := enqueueScript.Run(ctx, s.rdb, []string{QueueKey, enqueuedKey(id)}, id).Err(); err != nil {
 		return unavailable(err)
 	}
 	return nil
 }
+
+// enqueuedKey marks a task as put on the queue, in the queue's slot.
+func enqueuedKey(id string) string { return "faregate:tasks:{queue}:enq:" + id }
+
+// enqueueScript puts a task on the queue once: a re-sent script (its reply
+// lost) must not add a second entry, whose claim would fence the worker
+// running the first. KEYS queue, marker. ARGV task id.
+var enqueueScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'task', ARGV[1])
+redis.call('SET', KEYS[2], 1, 'EX', 3600)
+return 1
+`)
 
 // Depth is how many tasks wait or run: acknowledged entries are deleted,
 // so the stream holds exactly the tasks not yet finished.

@@ -244,3 +244,23 @@ func doneData(t *testing.T, rec task.Record) []byte {
 	}
 	return b
 }
+
+// TestEnqueueOnce: putting one task on the queue twice (a script re-sent
+// after its reply was lost) leaves one entry.
+func TestEnqueueOnce(t *testing.T) {
+	for _, be := range redistest.Both(t) {
+		t.Run(be.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(be.Client)
+			id := task.NewID()
+			for i := 0; i < 2; i++ {
+				if err := s.Enqueue(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n, _ := s.Depth(ctx); n != 1 {
+				t.Fatalf("depth %d after enqueueing one task twice, want 1", n)
+			}
+		})
+	}
+}
