@@ -84,8 +84,9 @@ type Runner struct {
 	cancelBase context.CancelFunc
 	loopsCtx   context.Context // ends when every run is done
 	stopLoops  context.CancelFunc
+	stopping   bool // under mu: no run starts once set
 	runs       sync.WaitGroup
-	loops      sync.WaitGroup
+	loops      sync.WaitGroup // renew and reap; take is not waited for
 
 	tasks    *prometheus.CounterVec
 	running  prometheus.Gauge
@@ -211,7 +212,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		// Not fatal: Redis may come later; Next creates the group then.
 		r.lg.Warn("task queue not ready yet", "err", err.Error())
 	}
-	r.loops.Add(3)
+	r.loops.Add(2)
 	go r.take()
 	go r.renew()
 	go r.reap()
@@ -220,8 +221,13 @@ func (r *Runner) Start(ctx context.Context) error {
 
 // take hands tasks to free workers: first those the reaper claimed for
 // this replica, else the next one from the queue.
+//
+// Shutdown does not wait for it: it may be blocked in a queue read for up
+// to Block, and waiting would hold every shutdown that long. Once the
+// runner stops it starts nothing; its read ends at Block or when the
+// queue's client is closed, and an entry it took meanwhile is left
+// pending, claimed by another replica after the lease.
 func (r *Runner) take() {
-	defer r.loops.Done()
 	backoff := 100 * time.Millisecond
 	for {
 		select {
@@ -259,14 +265,32 @@ func (r *Runner) take() {
 			<-r.slots
 			continue
 		}
-		r.hold(e.ID, nil)
-		r.runs.Add(1)
+		if !r.admitRun(e.ID) {
+			r.unhold(e.ID) // not renewed: claimed elsewhere after the lease
+			<-r.slots
+			return
+		}
 		go func() {
 			defer r.runs.Done()
 			defer func() { <-r.slots }()
 			r.execute(e)
 		}()
 	}
+}
+
+// admitRun holds entry and counts its run, unless the runner is stopping:
+// under mu, so a run is counted before Shutdown waits for runs or never.
+func (r *Runner) admitRun(entry string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping {
+		return false
+	}
+	if _, ok := r.held[entry]; !ok {
+		r.held[entry] = &holding{renewed: r.o.Now()}
+	}
+	r.runs.Add(1)
+	return true
 }
 
 // hold starts renewing e's lease (cancel stops its run if the lease is lost).
@@ -575,6 +599,9 @@ func (r *Runner) save(ctx context.Context, l taskstore.Lease, rec *task.Record, 
 // written) before it returns. Tasks taken but not started are left to be
 // claimed by another replica.
 func (r *Runner) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	r.stopping = true
+	r.mu.Unlock()
 	r.stopTaking()
 	done := make(chan struct{})
 	go func() { r.runs.Wait(); close(done) }()

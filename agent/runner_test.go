@@ -315,3 +315,48 @@ func TestSubmitNotQueued(t *testing.T) {
 		t.Fatalf("events %v, want status, status, done", evs)
 	}
 }
+
+// TestShutdownDoesNotWaitForTheQueueRead: an idle runner blocked in a queue
+// read of an hour shuts down without waiting for it, and starts nothing
+// afterwards: a task queued after Shutdown stays queued for another replica.
+func TestShutdownDoesNotWaitForTheQueueRead(t *testing.T) {
+	for _, be := range redistest.Both(t) {
+		t.Run(be.Name, func(t *testing.T) {
+			started := make(chan string, 1)
+			r := NewRunner(taskstore.New(be.Client), execFn(func(_ context.Context, rec *task.Record, _ Progress) error {
+				started <- rec.ID
+				return nil
+			}), RunnerOptions{Concurrency: 1, Lease: testLease, Timeout: time.Minute, Queue: be.Client, Consumer: "idle", Block: time.Hour})
+			if err := r.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// The test's own bound, far below the read's hour.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- r.Shutdown(ctx) }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("shutdown: %v", err)
+				}
+			case <-ctx.Done():
+				t.Fatal("Shutdown waited for the queue read")
+			}
+			rec, err := r.Submit(context.Background(), task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The blocked read may take the entry; it must not run it.
+			// Another runner sees it (claimed after the lease if taken).
+			other := newRunner(t, be.Client, execFn(succeed), "b", nil)
+			defer other.Shutdown(context.Background())
+			waitStatus(t, r.store, rec.ID, task.StatusSucceeded, 10*testLease)
+			select {
+			case id := <-started:
+				t.Fatalf("the stopped runner started %s", id)
+			default:
+			}
+		})
+	}
+}
