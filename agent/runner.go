@@ -326,6 +326,55 @@ func (r *Runner) leaseLeft(entry string) time.Duration {
 // renew keeps the leases of every held entry, every third of the lease, and
 // stops the runs whose lease another replica took.
 func (r *Runner) renew() {
+	r.every(r.renewHeld)
+}
+
+// renewHeld renews the lease of every held entry once.
+func (r *Runner) renewHeld() {
+	r.mu.Lock()
+	entries := make([]string, 0, len(r.held))
+	for e := range r.held {
+		entries = append(entries, e)
+	}
+	r.mu.Unlock()
+	if len(entries) == 0 {
+		return
+	}
+	at := r.o.Now()
+	ctx, cancel := context.WithTimeout(r.loopsCtx, r.o.Lease/3)
+	lost, err := r.store.Renew(ctx, r.o.Consumer, entries)
+	cancel()
+	if err != nil {
+		r.lg.Warn("task leases not renewed", "tasks", len(entries), "err", err.Error())
+		return
+	}
+	gone := map[string]bool{}
+	for _, e := range lost {
+		gone[e] = true
+	}
+	r.mu.Lock()
+	for _, e := range entries {
+		h, ok := r.held[e]
+		if !ok {
+			continue
+		}
+		if gone[e] {
+			delete(r.held, e)
+			if h.cancel != nil {
+				h.cancel()
+			}
+			continue
+		}
+		h.renewed = at
+	}
+	r.mu.Unlock()
+	for _, e := range lost {
+		r.lg.Warn("task lease lost to another replica: run stopped", "entry", e)
+	}
+}
+
+// every calls f every third of the lease until the loops stop.
+func (r *Runner) every(f func()) {
 	defer r.loops.Done()
 	t := time.NewTicker(r.o.Lease / 3)
 	defer t.Stop()
@@ -335,46 +384,7 @@ func (r *Runner) renew() {
 			return
 		case <-t.C:
 		}
-		r.mu.Lock()
-		entries := make([]string, 0, len(r.held))
-		for e := range r.held {
-			entries = append(entries, e)
-		}
-		r.mu.Unlock()
-		if len(entries) == 0 {
-			continue
-		}
-		at := r.o.Now()
-		ctx, cancel := context.WithTimeout(r.loopsCtx, r.o.Lease/3)
-		lost, err := r.store.Renew(ctx, r.o.Consumer, entries)
-		cancel()
-		if err != nil {
-			r.lg.Warn("task leases not renewed", "tasks", len(entries), "err", err.Error())
-			continue
-		}
-		gone := map[string]bool{}
-		for _, e := range lost {
-			gone[e] = true
-		}
-		r.mu.Lock()
-		for _, e := range entries {
-			h, ok := r.held[e]
-			if !ok {
-				continue
-			}
-			if gone[e] {
-				delete(r.held, e)
-				if h.cancel != nil {
-					h.cancel()
-				}
-				continue
-			}
-			h.renewed = at
-		}
-		r.mu.Unlock()
-		for _, e := range lost {
-			r.lg.Warn("task lease lost to another replica: run stopped", "entry", e)
-		}
+		f()
 	}
 }
 
@@ -383,27 +393,18 @@ func (r *Runner) renew() {
 // worker_lost, a finished one is acknowledged. Every replica reaps; the
 // claim itself (XAUTOCLAIM) makes it safe for them to race.
 func (r *Runner) reap() {
-	defer r.loops.Done()
-	t := time.NewTicker(r.o.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.loopsCtx.Done():
-			return
-		case <-t.C:
-		}
+	r.every(func() {
 		ctx, cancel := context.WithTimeout(r.loopsCtx, r.o.Lease/3)
+		defer cancel()
 		entries, err := r.store.Claim(ctx, r.o.Consumer, r.o.Lease, 16)
 		if err != nil {
-			cancel()
 			r.lg.Debug("task queue not reaped", "err", err.Error())
-			continue
+			return
 		}
 		for _, e := range entries {
 			r.reapOne(ctx, e)
 		}
-		cancel()
-	}
+	})
 }
 
 func (r *Runner) reapOne(ctx context.Context, e taskstore.Entry) {
