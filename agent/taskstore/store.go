@@ -97,66 +97,55 @@ func (s *Store) Create(ctx context.Context, rec task.Record) error {
 	return nil
 }
 
-// createFinalScript stores a task that is final at once, with its status
-// and done events. KEYS record, events. ARGV record, status data, done
-// data, ttl, maxlen.
-var createFinalScript = redis.NewScript(`
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[4]) == false then return 0 end
+// finalScript stores a task that is final, with its status and done
+// events, so followers end at once. ARGV[6] is NX (a new task) or XX (only
+// over a task that exists). KEYS record, events. ARGV record, status data,
+// done data, ttl, maxlen, NX|XX.
+var finalScript = redis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], ARGV[6], 'EX', ARGV[4]) == false then return 0 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'done', 'data', ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
 `)
+
+// writeFinal runs finalScript for rec with mode NX or XX and reports
+// whether it wrote.
+func (s *Store) writeFinal(ctx context.Context, rec task.Record, mode string) (bool, error) {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return false, fmt.Errorf("taskstore: encode task: %w", err)
+	}
+	status, _ := json.Marshal(map[string]string{"status": rec.Status})
+	done, _ := json.Marshal(rec.Task)
+	n, err := finalScript.Run(ctx, s.rdb, []string{taskKey(rec.ID), eventsKey(rec.ID)},
+		body, status, done, int64(TaskTTL/time.Second), streamMaxLen, mode).Int()
+	if err != nil {
+		return false, unavailable(err)
+	}
+	return n == 1, nil
+}
 
 // CreateFinal stores a task that is final from the start (a plan served
 // from the cache), with its status and done events, so followers end at once.
 func (s *Store) CreateFinal(ctx context.Context, rec task.Record) error {
-	body, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("taskstore: encode task: %w", err)
+	wrote, err := s.writeFinal(ctx, rec, "NX")
+	if err != nil || wrote {
+		return err
 	}
-	status, _ := json.Marshal(map[string]string{"status": rec.Status})
-	done, _ := json.Marshal(rec.Task)
-	n, err := createFinalScript.Run(ctx, s.rdb, []string{taskKey(rec.ID), eventsKey(rec.ID)},
-		body, status, done, int64(TaskTTL/time.Second), streamMaxLen).Int()
-	if err != nil {
-		return unavailable(err)
+	if got, gerr := s.Get(ctx, rec.ID); gerr == nil && got.CreatedAt.Equal(rec.CreatedAt) {
+		return nil // a re-sent create finds its own record
 	}
-	if n == 0 {
-		if got, gerr := s.Get(ctx, rec.ID); gerr == nil && got.CreatedAt.Equal(rec.CreatedAt) {
-			return nil
-		}
-		return ErrExists
-	}
-	return nil
+	return ErrExists
 }
 
-// failUnqueuedScript ends a stored task that never reached the queue: no
-// worker holds it (it was never handed out), so no lease fences it. It only
-// replaces a record that exists. KEYS record, events. ARGV record, status
-// data, done data, ttl, maxlen.
-var failUnqueuedScript = redis.NewScript(`
-if redis.call('SET', KEYS[1], ARGV[1], 'XX', 'EX', ARGV[4]) == false then return 0 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'done', 'data', ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-return 1
-`)
-
 // FailUnqueued stores rec, already failed, over a task that was stored but
-// could not be put on the queue, with its final events.
+// could not be put on the queue, with its final events. No worker holds
+// such a task (it was never handed out), so no lease fences it; a task
+// that no longer exists is left alone.
 func (s *Store) FailUnqueued(ctx context.Context, rec task.Record) error {
-	body, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("taskstore: encode task: %w", err)
-	}
-	status, _ := json.Marshal(map[string]string{"status": rec.Status})
-	done, _ := json.Marshal(rec.Task)
-	if err := failUnqueuedScript.Run(ctx, s.rdb, []string{taskKey(rec.ID), eventsKey(rec.ID)},
-		body, status, done, int64(TaskTTL/time.Second), streamMaxLen).Err(); err != nil {
-		return unavailable(err)
-	}
-	return nil
+	_, err := s.writeFinal(ctx, rec, "XX")
+	return err
 }
 
 // Get loads a task.
