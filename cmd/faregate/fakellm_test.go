@@ -61,7 +61,12 @@ type fakeReply struct {
 	// Plain answers with one JSON chat.completion even when asked to stream,
 	// as some servers do.
 	Plain bool
+	// Usage, when set, is the usage reported instead of the derived one.
+	Usage *fakeUsage
 }
+
+// fakeUsage is the token usage a reply reports.
+type fakeUsage struct{ Prompt, Completion int }
 
 // fakeLLM is an OpenAI-compatible server speaking streaming
 // /chat/completions, scripted per request.
@@ -88,6 +93,13 @@ func (f *fakeLLM) Requests() []chatRequest {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]chatRequest(nil), f.requests...)
+}
+
+// Count is the number of chat requests received.
+func (f *fakeLLM) Count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.requests)
 }
 
 func (f *fakeLLM) Streamed() int {
@@ -172,8 +184,12 @@ func (f *fakeLLM) serve(w http.ResponseWriter, r *http.Request) {
 		send(chunk(map[string]any{}, "stop"))
 	}
 	if !rep.NoUsage {
+		u := fakeUsage{Prompt: 100 + 10*n, Completion: 20 + len(rep.Content)/4}
+		if rep.Usage != nil {
+			u = *rep.Usage
+		}
 		send(map[string]any{"id": "c1", "object": "chat.completion.chunk", "choices": []any{},
-			"usage": map[string]any{"prompt_tokens": 100 + 10*n, "completion_tokens": 20 + len(rep.Content)/4, "total_tokens": 120 + 10*n + len(rep.Content)/4}})
+			"usage": map[string]any{"prompt_tokens": u.Prompt, "completion_tokens": u.Completion, "total_tokens": u.Prompt + u.Completion}})
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	fl.Flush()

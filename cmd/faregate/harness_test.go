@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -93,6 +91,13 @@ func (s *server) Stop() error { return s.stop() }
 // waits until /healthz answers. The server is stopped at the end of the test.
 func startServer(t testing.TB, env map[string]string) *server {
 	t.Helper()
+	return startServerCtx(t, context.Background(), env)
+}
+
+// startServerCtx is startServer with run given a context derived from
+// parent (which may carry what only tests hand to run).
+func startServerCtx(t testing.TB, parent context.Context, env map[string]string) *server {
+	t.Helper()
 	// The request window and the failed-check throttle are tested on their
 	// own; other tests poll and retry freely.
 	full := map[string]string{"FAREGATE_ADDR": "127.0.0.1:0", "FAREGATE_LOG_FORMAT": "json", "FAREGATE_SHUTDOWN_TIMEOUT": "5s",
@@ -101,7 +106,7 @@ func startServer(t testing.TB, env map[string]string) *server {
 		full[k] = v
 	}
 	out := &syncBuffer{addr: make(chan string, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"faregate"}, envOf(full), out) }()
 	var url string
@@ -177,37 +182,15 @@ func (r reply) code() string {
 	return c
 }
 
+// do sends one request with the default client and checks the answer
+// against the OpenAPI document; a header given as "" is removed. It fails
+// the test at once when no answer comes.
 func do(t testing.TB, method, url string, body string, header map[string]string) reply {
 	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
+	r := doOn(t, http.DefaultClient, true, method, url, body, header)
+	if r.Status == 0 {
+		t.FailNow()
 	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range header {
-		if v == "" {
-			req.Header.Del(k) // "" removes a header do would send
-			continue
-		}
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if err := openAPI.Check(req, resp.StatusCode, resp.Header, raw); err != nil {
-		t.Errorf("OpenAPI: %v", err)
-	}
-	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
-	_ = json.Unmarshal(raw, &r.Body)
 	return r
 }
 

@@ -216,93 +216,17 @@ type meteredReply struct {
 	Prompt, Completion int
 }
 
-// meteredLLM is an OpenAI-compatible streaming /chat/completions whose
-// reported usage each answer chooses (fakeLLM derives it from the request
-// count): the provider's word that settle must charge in full.
-type meteredLLM struct {
-	*httptest.Server
-	mu       sync.Mutex
-	requests []chatRequest
-	script   func(req chatRequest, n int) meteredReply
-}
+// meteredLLM is the fake model with the usage of each answer chosen by
+// the script (fakeLLM derives it from the request count): the provider's
+// word that settle must charge in full.
+type meteredLLM = fakeLLM
 
 func newMeteredLLM(t testing.TB, script func(req chatRequest, n int) meteredReply) *meteredLLM {
-	m := &meteredLLM{script: script}
-	m.Server = httptest.NewServer(http.HandlerFunc(m.serve))
-	t.Cleanup(m.Close)
-	return m
-}
-
-// BaseURL is what FAREGATE_LLM_BASE_URL should be.
-func (m *meteredLLM) BaseURL() string { return m.URL + "/v1" }
-
-// Requests are the chat requests received so far.
-func (m *meteredLLM) Requests() []chatRequest {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append([]chatRequest(nil), m.requests...)
-}
-
-// Count is the number of chat requests received.
-func (m *meteredLLM) Count() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.requests)
-}
-
-func (m *meteredLLM) serve(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/v1/chat/completions" {
-		http.Error(w, "not found", http.StatusNotFound)
-		return
-	}
-	var req chatRequest
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		http.Error(w, "bad json", http.StatusBadRequest)
-		return
-	}
-	m.mu.Lock()
-	m.requests = append(m.requests, req)
-	n := len(m.requests)
-	m.mu.Unlock()
-	rep := m.script(req, n)
-	if rep.Delay > 0 {
-		select {
-		case <-time.After(rep.Delay):
-		case <-r.Context().Done():
-			return
-		}
-	}
-	usage := map[string]any{"prompt_tokens": rep.Prompt, "completion_tokens": rep.Completion, "total_tokens": rep.Prompt + rep.Completion}
-	w.Header().Set("Content-Type", "text/event-stream")
-	fl := w.(http.Flusher)
-	send := func(v any) {
-		b, _ := json.Marshal(v)
-		fmt.Fprintf(w, "data: %s\n\n", b)
-		fl.Flush()
-	}
-	chunk := func(delta map[string]any, finish any) map[string]any {
-		return map[string]any{"id": "m1", "object": "chat.completion.chunk", "model": req.Model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}
-	}
-	if len(rep.ToolCalls) > 0 {
-		var calls []any
-		for i, c := range rep.ToolCalls {
-			calls = append(calls, map[string]any{"index": i, "id": fmt.Sprintf("call_%d_%d", n, i), "type": "function",
-				"function": map[string]any{"name": c.Name, "arguments": c.Args}})
-		}
-		send(chunk(map[string]any{"role": "assistant", "tool_calls": calls}, nil))
-		send(chunk(map[string]any{}, "tool_calls"))
-	} else {
-		for s := rep.Content; s != ""; {
-			k := min(len(s), 64)
-			send(chunk(map[string]any{"content": s[:k]}, nil))
-			s = s[k:]
-		}
-		send(chunk(map[string]any{}, "stop"))
-	}
-	send(map[string]any{"id": "m1", "object": "chat.completion.chunk", "choices": []any{}, "usage": usage})
-	fmt.Fprint(w, "data: [DONE]\n\n")
-	fl.Flush()
+	return newFakeLLM(t, func(req chatRequest, n int) fakeReply {
+		rep := script(req, n)
+		return fakeReply{Delay: rep.Delay, Content: rep.Content, ToolCalls: rep.ToolCalls,
+			Usage: &fakeUsage{Prompt: rep.Prompt, Completion: rep.Completion}}
+	})
 }
 
 // userText is the first user message of a chat request: the request in

@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,45 +29,7 @@ import (
 // through its context as only tests do.
 func startTraced(t *testing.T, tp trace.TracerProvider, env map[string]string) *server {
 	t.Helper()
-	full := map[string]string{"FAREGATE_ADDR": "127.0.0.1:0", "FAREGATE_LOG_FORMAT": "json", "FAREGATE_SHUTDOWN_TIMEOUT": "5s",
-		"FAREGATE_REQUESTS_PER_MINUTE": "1000000", "FAREGATE_FAILED_CHECKS_PER_HOUR": "1000000"}
-	for k, v := range env {
-		full[k] = v
-	}
-	out := &syncBuffer{addr: make(chan string, 1)}
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), tracerProviderKey{}, tp))
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"faregate"}, envOf(full), out) }()
-	var url string
-	select {
-	case url = <-out.addr:
-	case err := <-done:
-		cancel()
-		t.Fatalf("run returned before listening: %v\n%s", err, out.String())
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatalf("no listening line within 20s:\n%s", out.String())
-	}
-	var once sync.Once
-	var stopErr error
-	s := &server{URL: url, Out: out, stop: func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case stopErr = <-done:
-			case <-time.After(30 * time.Second):
-				stopErr = context.DeadlineExceeded
-			}
-		})
-		return stopErr
-	}}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	waitHealthy(t, url)
-	return s
+	return startServerCtx(t, context.WithValue(context.Background(), tracerProviderKey{}, tp), env)
 }
 
 // TestTracingSpanTree admits one task on the offline planner with spans
