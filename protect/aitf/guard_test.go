@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/clocktest"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -61,22 +63,7 @@ func (s *logSink) lines(level slog.Level) []string {
 }
 
 // clock is a settable clock for the behaviour memory and alert windows.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+type clock = clocktest.Clock
 
 // fixture is a Guard with its registry, log sink and clock.
 type fixture struct {
@@ -90,7 +77,7 @@ type fixture struct {
 // route label is "tasks"; edit lets a test change the options.
 func newFixture(t *testing.T, edit func(*Options)) *fixture {
 	t.Helper()
-	f := &fixture{reg: prometheus.NewRegistry(), log: &logSink{}, clk: &clock{now: time.Unix(1_800_000_000, 0)}}
+	f := &fixture{reg: prometheus.NewRegistry(), log: &logSink{}, clk: clocktest.New(time.Unix(1_800_000_000, 0))}
 	o := Options{
 		VisitorKey: func(*http.Request) string { return visitorHash },
 		Route:      func(*http.Request) string { return "tasks" },

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -142,17 +143,7 @@ func (l *logs) attr(msg, key string) (slog.Value, bool) {
 }
 
 // clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+type clock = clocktest.Clock
 
 var epoch = time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)
 
@@ -167,7 +158,7 @@ type harness struct {
 // start builds a Notifier from o (filling test defaults) and runs it.
 func start(t *testing.T, o Options) *harness {
 	t.Helper()
-	h := &harness{reg: prometheus.NewRegistry(), logs: &logs{}, clock: &clock{t: epoch}}
+	h := &harness{reg: prometheus.NewRegistry(), logs: &logs{}, clock: clocktest.New(epoch)}
 	o.Registerer = h.reg
 	o.Logger = slog.New(h.logs)
 	if o.Now == nil {
@@ -393,13 +384,13 @@ func TestDeduplication(t *testing.T) {
 	h.n.Notify(Alert{Event: BudgetExhausted, Scope: "principal:k_acme"}) // another scope
 	rcv.next(t)
 
-	h.clock.Add(10*time.Minute + time.Second) // the window has passed
+	h.clock.Advance(10*time.Minute + time.Second) // the window has passed
 	h.n.Notify(a)
 	rcv.next(t)
 
 	h.n.Notify(Alert{Event: BudgetWarning, Scope: "site/2026-08-31", Window: 24 * time.Hour})
 	rcv.next(t)
-	h.clock.Add(time.Hour)
+	h.clock.Advance(time.Hour)
 	h.n.Notify(Alert{Event: BudgetWarning, Scope: "site/2026-08-31", Window: 24 * time.Hour})
 	rcv.none(t, h.n)
 	if got := h.outcome(BudgetWarning, "deduplicated"); got != 1 {
@@ -426,8 +417,8 @@ func TestRedisDeduperSharedByReplicas(t *testing.T) {
 
 	// After the window (on Redis's clock and each replica's) it is sent again.
 	b.Mini.FastForward(10*time.Minute + time.Second)
-	one.clock.Add(10*time.Minute + time.Second)
-	two.clock.Add(10*time.Minute + time.Second)
+	one.clock.Advance(10*time.Minute + time.Second)
+	two.clock.Advance(10*time.Minute + time.Second)
 	two.n.Notify(a)
 	rcv.next(t)
 	one.n.Close()
@@ -650,12 +641,12 @@ func TestUnknownEventIsLabelledOther(t *testing.T) {
 }
 
 func TestMemorySweepsExpiredEntries(t *testing.T) {
-	c := &clock{t: epoch}
+	c := clocktest.New(epoch)
 	m := newMemory(c.Now)
 	for i := range memSweep {
 		m.first(Anomaly, fmt.Sprint(i), time.Minute)
 	}
-	c.Add(2 * time.Minute)
+	c.Advance(2 * time.Minute)
 	m.first(Anomaly, "new", time.Minute)
 	m.mu.Lock()
 	n := len(m.until)

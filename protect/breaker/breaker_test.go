@@ -14,6 +14,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"faregate/protect/clocktest"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -26,24 +28,9 @@ import (
 var errProvider = errors.New("provider: 502")
 
 // clock is a fake clock the tests move by hand.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type clock = clocktest.Clock
 
-func newClock() *clock { return &clock{now: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+func newClock() *clock { return clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)) }
 
 // outcome is what one fake provider call does.
 type outcome int

@@ -17,20 +17,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
 // clock is a settable clock shared by goroutines.
-type clock struct{ ns atomic.Int64 }
+type clock = clocktest.Clock
 
-func newClock(t time.Time) *clock {
-	c := &clock{}
-	c.ns.Store(t.UnixNano())
-	return c
-}
-
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock(t time.Time) *clock { return clocktest.New(t) }
 
 var start = time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)
 

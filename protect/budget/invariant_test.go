@@ -27,15 +27,7 @@ import (
 func TestInvariantUnderConcurrency(t *testing.T) {
 	be := redistest.Real(t)
 	rdb := be.Client
-	// The checker has its own connection so it is not starved by the
-	// workers queueing for the shared pool.
-	opt, err := redis.ParseURL(be.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.PoolSize = 1
-	probe := redis.NewClient(opt)
-	t.Cleanup(func() { _ = probe.Close() })
+	probe := be.Probe(t)
 	ctx := context.Background()
 	const (
 		siteLimit  = 400000

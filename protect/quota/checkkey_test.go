@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -16,7 +17,7 @@ func TestCheckKeyBelowItsLimit(t *testing.T) {
 	for _, be := range redistest.Both(t) {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
+			clk := clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC))
 			q := quota.New(be.Client, clk.Now)
 			key := quota.Subject{Key: "acme", Limit: 3}
 			for i, want := range []int64{2, 1, 0} {

@@ -3,24 +3,18 @@ package quota_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
 
 // clock is a settable time source shared by the test and the Quota.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+type clock = clocktest.Clock
 
 func visitor(v string) quota.Subject { return quota.Subject{Visitor: v, Limit: 2, Global: 3} }
 
@@ -32,7 +26,7 @@ func TestConformance(t *testing.T) {
 	for _, be := range redistest.Both(t) {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := &clock{t: time.Date(2026, 8, 31, 23, 59, 0, 0, time.UTC)}
+			clk := clocktest.New(time.Date(2026, 8, 31, 23, 59, 0, 0, time.UTC))
 			warm := quota.New(be.Client, clk.Now)
 
 			steps := []struct {
@@ -112,7 +106,7 @@ func TestKeys(t *testing.T) {
 	for _, be := range redistest.Both(t) {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
+			clk := clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC))
 			q := quota.New(be.Client, clk.Now)
 			// The site is full for visitors.
 			if err := be.Client.Set(ctx, quota.GlobalKey("2026-08-31"), 100, 0).Err(); err != nil {
@@ -149,7 +143,7 @@ func TestCheckDoesNotCount(t *testing.T) {
 	for _, be := range redistest.Both(t) {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
+			clk := clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC))
 			q := quota.New(be.Client, clk.Now)
 			s := quota.Subject{Visitor: "v", Limit: 1, Global: 10}
 			for i := 0; i < 3; i++ {
@@ -243,7 +237,7 @@ func TestLostReplyCountsOnce(t *testing.T) {
 			f := redistest.NewFaults()
 			rdb := tg.rdb(t, f)
 			ctx := context.Background()
-			clk := &clock{t: time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC)}
+			clk := clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC))
 			q := quota.New(rdb, clk.Now)
 			// Load the scripts first, so the lost reply is the EVALSHA's.
 			if _, err := q.Check(ctx, visitor("warmup")); err != nil {

@@ -40,15 +40,7 @@ func TestBucketNeverBelowZeroButForOverage(t *testing.T) {
 }
 
 func runBucketInvariant(t *testing.T, be redistest.Backend, overUse bool) {
-	opt, err := redis.ParseURL(be.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The sampler has its own connection, so the workers' queue for the
-	// shared pool never starves it.
-	opt.PoolSize = 1
-	probe := redis.NewClient(opt)
-	t.Cleanup(func() { _ = probe.Close() })
+	probe := be.Probe(t)
 	ctx := context.Background()
 	const (
 		workers = 200

@@ -13,21 +13,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
 // clock is a settable clock shared by goroutines and by both replicas.
-type clock struct{ ns atomic.Int64 }
+type clock = clocktest.Clock
 
-func newClock(t time.Time) *clock {
-	c := &clock{}
-	c.ns.Store(t.UnixNano())
-	return c
-}
-
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *clock) Set(t time.Time)         { c.ns.Store(t.UnixNano()) }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock(t time.Time) *clock { return clocktest.New(t) }
 
 // start lies half a minute before a UTC midnight: windows and buckets
 // belong to the principal, and nothing may reset when the day turns.

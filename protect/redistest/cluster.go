@@ -249,22 +249,31 @@ func (n *clusterNode) kill() {
 func (c *Cluster) waitOK(t testing.TB, d time.Duration) bool {
 	t.Helper()
 	return waitFor(d, func() bool {
-		for _, n := range c.nodes {
-			n.mu.Lock()
-			alive := n.cmd != nil
-			n.mu.Unlock()
-			if !alive {
-				continue
-			}
-			cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		return c.allLive(func(cc *redis.Client) bool {
 			info, err := cc.ClusterInfo(context.Background()).Result()
-			_ = cc.Close()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
-				return false
-			}
-		}
-		return true
+			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384")
+		})
 	})
+}
+
+// allLive reports whether ok holds for every live node, asked through a
+// client of its own.
+func (c *Cluster) allLive(ok func(*redis.Client) bool) bool {
+	for _, n := range c.nodes {
+		n.mu.Lock()
+		alive := n.cmd != nil
+		n.mu.Unlock()
+		if !alive {
+			continue
+		}
+		cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		good := ok(cc)
+		_ = cc.Close()
+		if !good {
+			return false
+		}
+	}
+	return true
 }
 
 // waitReplicas waits until every live replica's link to its master is up
@@ -273,18 +282,10 @@ func (c *Cluster) waitOK(t testing.TB, d time.Duration) bool {
 func (c *Cluster) waitReplicas(t testing.TB, d time.Duration) bool {
 	t.Helper()
 	return waitFor(d, func() bool {
-		for _, n := range c.nodes {
-			n.mu.Lock()
-			alive := n.cmd != nil
-			n.mu.Unlock()
-			if !alive {
-				continue
-			}
-			cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		return c.allLive(func(cc *redis.Client) bool {
 			info, ierr := cc.Info(context.Background(), "replication").Result()
 			//lint:ignore SA1019 CLUSTER SHARDS needs Redis 7; apt still ships Redis 6 on some CI images, which has only CLUSTER SLOTS.
 			slots, serr := cc.ClusterSlots(context.Background()).Result()
-			_ = cc.Close()
 			if ierr != nil || serr != nil {
 				return false
 			}
@@ -296,8 +297,8 @@ func (c *Cluster) waitReplicas(t testing.TB, d time.Duration) bool {
 					return false
 				}
 			}
-		}
-		return true
+			return true
+		})
 	})
 }
 

@@ -38,6 +38,21 @@ type Backend struct {
 	Mini *miniredis.Miniredis
 }
 
+// Probe is a client of its own on the backend with one connection,
+// closed when the test ends: a checker that samples while a test's workers
+// queue for the shared pool is never starved by them.
+func (b Backend) Probe(t testing.TB) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.PoolSize = 1
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // Mini starts an embedded miniredis for the test.
 func Mini(t testing.TB) Backend {
 	t.Helper()
