@@ -143,6 +143,7 @@ func TestErrorTable(t *testing.T) {
 		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, CodeAITFQueueFull, "2", ""},
 		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, CodeServerBusy, "5", ""},
 		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, CodeServerBusy, "30", ""},
+		{"out of time", fmt.Errorf("lane: %w", context.DeadlineExceeded), 503, CodeServerBusy, "5", ""},
 		{"joined", errors.Join(errors.New("x"), ratelimit.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
 	}
 	for _, tc := range cases {
@@ -346,5 +347,58 @@ func TestInflight(t *testing.T) {
 	defer f.mu.Unlock()
 	if l := f.m[keyOf(a)]; l == nil || l.refs != 1 {
 		t.Fatalf("lane refs %+v, want the one place still held", l)
+	}
+}
+
+// hungLimiter's window check waits until its context ends, as a check
+// queued for a Redis connection under overload does.
+type hungLimiter struct{ Limiter }
+
+func (hungLimiter) Gate(ctx context.Context, _ ratelimit.GateRequest) (ratelimit.GateDecision, error) {
+	<-ctx.Done()
+	return ratelimit.GateDecision{}, fmt.Errorf("%w: gate: %w", ratelimit.ErrUnavailable, ctx.Err())
+}
+
+// TestDeadline: a request out of RequestTimeout inside the server is
+// answered, not dropped: 503 server_busy while waiting in its principal's
+// lane, or the failing check's own 503 while a check waits for Redis. A
+// client that leaves while waiting gets nothing (nobody is there).
+func TestDeadline(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	s := &server{d: Deps{Now: time.Now, Limits: Limits{RequestTimeout: timeout}, Limiter: hungLimiter{}},
+		errors: newErrorTable(errorRows()), limited: newMemo(100, time.Now), inflight: newInflight(1)}
+	h := s.deadline(s.window(false)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("the handler ran after a window check that never answered")
+	})))
+	p := Principal{Kind: KindVisitor, ID: "v"}
+	serve := func(ctx context.Context) (*httptest.ResponseRecorder, *state) {
+		st := &state{id: "req-1", principal: p}
+		r := httptest.NewRequest("GET", "/api/config", nil)
+		r = r.WithContext(context.WithValue(ctx, stateKey{}, st))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w, st
+	}
+
+	// The window check itself hangs: its own 503, in time.
+	if w, st := serve(context.Background()); w.Code != 503 || st.code != CodeProtectionDown || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("hung check: %d %s %q", w.Code, st.code, w.Header().Get("Retry-After"))
+	}
+
+	// The lane is full (one place, held): server_busy when time is up.
+	release, err := s.inflight.acquire(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if w, st := serve(context.Background()); w.Code != 503 || st.code != CodeServerBusy || w.Header().Get("Retry-After") != "5" {
+		t.Fatalf("full lane: %d %s %q", w.Code, st.code, w.Header().Get("Retry-After"))
+	}
+
+	// A client gone while waiting: no answer is written.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if w, st := serve(ctx); st.code != "" || w.Body.Len() != 0 {
+		t.Fatalf("answered a client that left: %d %s %q", w.Code, st.code, w.Body)
 	}
 }

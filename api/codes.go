@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
 	"faregate/agent/task"
@@ -64,7 +65,9 @@ func errorRows() []entry {
 			"The model provider is unavailable right now. Please try again shortly."},
 		{[]error{aitf.ErrQueueFull}, http.StatusServiceUnavailable, CodeAITFQueueFull,
 			"The server is too busy with automated traffic. Please try again shortly."},
-		{[]error{ErrServerBusy}, http.StatusServiceUnavailable, CodeServerBusy,
+		// A request out of time inside faregate (RequestTimeout) was busy
+		// waiting for this replica: its lane or a Redis pool.
+		{[]error{ErrServerBusy, context.DeadlineExceeded}, http.StatusServiceUnavailable, CodeServerBusy,
 			"The server is busy. Please try again shortly."},
 	}
 }

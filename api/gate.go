@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -151,7 +152,10 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 			// front of everyone else's requests on the gate's Redis pool.
 			release, err := s.inflight.acquire(r.Context(), st.principal)
 			if err != nil {
-				return // the client left while waiting: nobody to answer
+				if errors.Is(err, context.DeadlineExceeded) {
+					s.writeErr(w, r, err) // out of time in the lane: busy
+				}
+				return // else the client left while waiting: nobody to answer
 			}
 			req := ratelimit.GateRequest{
 				Scope:             st.principal.Scope(),

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"sync"
@@ -37,15 +38,15 @@ func (s *server) router() http.Handler {
 
 	// POST /api/tasks refuses from memory before the window (tasks.go),
 	// and scores AITF only once its cheap refusals are behind it.
-	r.With(s.remembered, s.window(true), s.aitfScore).Method(http.MethodPost, "/api/tasks", s.handleCreateTask())
+	r.With(s.remembered, s.deadline, s.window(true), s.aitfScore).Method(http.MethodPost, "/api/tasks", s.handleCreateTask())
 
-	read := r.With(s.window(false), s.aitfScore, s.aitfDelay)
+	read := r.With(s.deadline, s.window(false), s.aitfScore, s.aitfDelay)
 	read.Method(http.MethodGet, "/api/config", s.handleConfig())
 	read.Method(http.MethodGet, "/api/tasks/{id}", s.handleGetTask())
 	// Stream caps are refusals known from memory: they come first.
 	r.With(s.streamSlot, s.window(false), s.aitfScore, s.aitfDelay).
 		Method(http.MethodGet, "/api/tasks/{id}/events", s.handleTaskEvents())
-	r.With(s.window(false)).Method(http.MethodGet, "/api/usage", s.handleUsage())
+	r.With(s.deadline, s.window(false)).Method(http.MethodGet, "/api/usage", s.handleUsage())
 
 	// Every other path is the page and its assets (the web handler answers
 	// its own 404s and 405s), but under /api a JSON 404.
@@ -61,6 +62,23 @@ func (s *server) router() http.Handler {
 	})
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 	return r
+}
+
+// deadline gives the request RequestTimeout to be answered in: a wait in
+// the principal's lane or for a Redis connection that would outlast it
+// ends in 503 server_busy (or the failing check's own 503), never in a
+// connection the write timeout closes without a word. After the
+// refusals answered from memory, so those cost no timer.
+func (s *server) deadline(next http.Handler) http.Handler {
+	d := s.d.Limits.RequestTimeout
+	if d <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // isAPI reports whether path is the API's.

@@ -124,6 +124,11 @@ type Limits struct {
 	StreamMaxDuration               time.Duration
 	// QueueMax bounds the tasks waiting or running (503 server_busy past it).
 	QueueMax int64
+	// RequestTimeout bounds how long a request other than an event stream
+	// may wait inside the server (0: no bound). Set below the server's
+	// write timeout, an overloaded replica answers 503 server_busy rather
+	// than close the connection without an answer.
+	RequestTimeout time.Duration
 	// SummaryInterval is how often refusals are summarised in one log line.
 	SummaryInterval time.Duration
 }

@@ -52,6 +52,15 @@ const usageText = `usage:
   faregate health [ADDR]                             exit 0 when /healthz answers (container HEALTHCHECK)
   faregate version                                   the version and Go toolchain`
 
+// writeTimeout bounds writing an answer (event streams lift it), and
+// requestTimeout how long a request may wait inside the server before it
+// is answered 503 server_busy: enough below writeTimeout that the answer
+// is written before the connection is cut.
+const (
+	writeTimeout   = 30 * time.Second
+	requestTimeout = writeTimeout - 5*time.Second
+)
+
 // run is the whole program; main only wires it to the process. Tests call
 // it directly on 127.0.0.1:0 and read the address from stdout.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -303,6 +312,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 			FailedChecksPerHour: cfg.FailedChecksPerHour,
 			StreamsPerPrincipal: cfg.StreamsPerVisitor, StreamsMax: cfg.StreamsMax, StreamMaxDuration: cfg.StreamMaxDuration,
 			QueueMax: cfg.QueueMax, SummaryInterval: cfg.LogSummaryInterval,
+			RequestTimeout: requestTimeout,
 		},
 		Registry: reg, Metrics: cfg.MetricsAddr == "",
 		Tracer: tracerFor(tp, "faregate/api"),
@@ -472,7 +482,7 @@ func (a *app) serve(ctx context.Context) error {
 		Handler:           a.server,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      30 * time.Second, // the SSE handler lifts it for its stream
+		WriteTimeout:      writeTimeout, // the SSE handler lifts it for its stream
 		IdleTimeout:       a.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          logLogger(&limitedLog{lg: a.lg, every: 10 * time.Second}),
