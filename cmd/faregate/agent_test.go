@@ -415,7 +415,13 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 
 	t.Run("without fallback", func(t *testing.T) {
 		mode.Store("fail")
-		s := startServer(t, breakerEnv)
+		// The operator hears of both turns on the webhook, signed.
+		hook := newAlertReceiver(t, "breaker-secret")
+		env := hook.env()
+		for k, v := range breakerEnv {
+			env[k] = v
+		}
+		s := startServer(t, env)
 		failed := 0
 		for i := 0; i < 3; i++ {
 			if task := waitTask(t, s.URL, create(s).Body["id"].(string)); task["status"] == "failed" {
@@ -435,12 +441,19 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		if st := do(t, "GET", s.URL+"/api/config", "", nil).Body["model_status"]; st != "unavailable" {
 			t.Fatalf("model_status = %v", st)
 		}
+		if a := hook.waitEvent(t, "breaker_open"); !a.Signed || a.Severity != "critical" || a.Details["model"] != "gpt-3.5-turbo" {
+			t.Fatalf("breaker_open alert: %+v", a)
+		}
 		// The refusal counted nothing: 3 admitted so far, so 96 remain after the next admission.
 		mode.Store("ok")
 		waitHalfOpen(t, s)
 		r = create(s)
 		if r.Status != 202 || r.Body["quota"].(map[string]any)["ip_remaining"] != 96.0 {
 			t.Fatalf("after recovery: %d %s", r.Status, r.Raw)
+		}
+		waitTask(t, s.URL, r.Body["id"].(string)) // the probe's success closes the breaker
+		if a := hook.waitEvent(t, "breaker_closed"); !a.Signed || a.Severity != "info" {
+			t.Fatalf("breaker_closed alert: %+v", a)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -439,6 +440,56 @@ func TestPlanCacheModes(t *testing.T) {
 		}
 		if n := llm.Count() - calls; n != 1 {
 			t.Fatalf("%d model calls, want 1", n)
+		}
+		if v := metricValue(t, s.URL, "faregate_cached_plans_served_total"); v != 1 {
+			t.Errorf("cached plans served: %v", v)
+		}
+	})
+	t.Run("fallback, model down", func(t *testing.T) {
+		var down atomic.Bool
+		flaky := newFakeLLM(t, func(chatRequest, int) fakeReply {
+			if down.Load() {
+				return fakeReply{Status: 500}
+			}
+			return fakeReply{Content: itinerary(3, "")}
+		})
+		s := startServer(t, map[string]string{"FAREGATE_LLM_BASE_URL": flaky.BaseURL(), "FAREGATE_AGENT_MAX_TOOL_CALLS": "0",
+			"FAREGATE_PLAN_CACHE": "fallback", "FAREGATE_IP_DAILY_LIMIT": "100",
+			"FAREGATE_BREAKER_MIN_CALLS": "3", "FAREGATE_BREAKER_OPEN_FOR": "1h"})
+		planned(t, s)
+		down.Store(true)
+		// Tasks on the failing model until the breaker opens (a task's
+		// retries count too, so it may take fewer than MIN_CALLS tasks).
+		admitted := 1
+		for i := 0; ; i++ {
+			if i == 10 {
+				t.Fatal("the breaker did not open after 10 failing tasks")
+			}
+			r := do(t, "POST", s.URL+"/api/tasks", fmt.Sprintf(`{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Town %d","days":3}`, i), nil)
+			if r.Status == 503 && r.code() == "model_unavailable" {
+				break
+			}
+			if r.Status != 202 {
+				t.Fatalf("create: %d %s", r.Status, r.Raw)
+			}
+			admitted++
+			if task := waitTask(t, s.URL, r.Body["id"].(string)); task["status"] != "failed" {
+				t.Fatalf("a task on a failing model: %v", task)
+			}
+		}
+		if st := do(t, "GET", s.URL+"/api/config", "", nil).Body["model_status"]; st != "unavailable" {
+			t.Fatalf("model_status = %v with the breaker open, want unavailable", st)
+		}
+		calls := flaky.Count()
+		// The breaker is open and there is no fallback model: the cached
+		// plan is served (counted like any admitted task), anything else is
+		// refused uncounted.
+		cachedTask(t, s, do(t, "POST", s.URL+"/api/tasks", same, nil), float64(100-admitted-1))
+		if r := do(t, "POST", s.URL+"/api/tasks", other, nil); r.Status != 503 || r.code() != "model_unavailable" {
+			t.Fatalf("a different request with the model down: %d %s", r.Status, r.Raw)
+		}
+		if n := flaky.Count() - calls; n != 0 {
+			t.Fatalf("%d model calls while the breaker was open", n)
 		}
 		if v := metricValue(t, s.URL, "faregate_cached_plans_served_total"); v != 1 {
 			t.Errorf("cached plans served: %v", v)

@@ -510,23 +510,26 @@ func TestMetricsFamiliesAndLint(t *testing.T) {
 		}
 	}
 	for family, typ := range map[string]string{
-		"faregate_build_info":                    "gauge",
-		"faregate_http_request_duration_seconds": "histogram",
-		"faregate_task_duration_seconds":         "histogram",
-		"faregate_breaker_state":                 "gauge",
-		"faregate_event_readers":                 "gauge",
-		"faregate_event_streams":                 "gauge",
-		"faregate_redis_pool_waits_total":        "counter",
-		"faregate_connections_open":              "gauge",
-		"faregate_connections_refused_total":     "counter",
-		"faregate_budget_overage_tokens_total":   "counter",
-		"faregate_llm_tokens_total":              "counter",
-		"faregate_alerts_total":                  "counter",
-		"faregate_plan_cache_total":              "counter",
-		"faregate_ratelimit_decisions_total":     "counter",
-		"faregate_site_pacing_wait_seconds":      "histogram",
-		"faregate_policy_reloads_total":          "counter",
-		"faregate_tasks_total":                   "counter",
+		"faregate_build_info":                        "gauge",
+		"faregate_http_request_duration_seconds":     "histogram",
+		"faregate_task_duration_seconds":             "histogram",
+		"faregate_breaker_state":                     "gauge",
+		"faregate_event_readers":                     "gauge",
+		"faregate_event_streams":                     "gauge",
+		"faregate_redis_pool_waits_total":            "counter",
+		"faregate_connections_open":                  "gauge",
+		"faregate_connections_refused_total":         "counter",
+		"faregate_budget_overage_tokens_total":       "counter",
+		"faregate_llm_tokens_total":                  "counter",
+		"faregate_alerts_total":                      "counter",
+		"faregate_plan_cache_total":                  "counter",
+		"faregate_ratelimit_decisions_total":         "counter",
+		"faregate_site_pacing_wait_seconds":          "histogram",
+		"faregate_policy_reloads_total":              "counter",
+		"faregate_tasks_total":                       "counter",
+		"faregate_model_call_duration_seconds":       "histogram",
+		"faregate_model_time_to_first_token_seconds": "histogram",
+		"faregate_policy_reload_errors_total":        "counter",
 	} {
 		if got, ok := types[family]; !ok {
 			t.Errorf("/metrics lacks the family %s", family)
@@ -554,6 +557,8 @@ func TestMetricsFamiliesAndLint(t *testing.T) {
 		regexp.MustCompile(`(?m)^faregate_connections_refused_total\{limit="process"\} 0$`),
 		regexp.MustCompile(`(?m)^faregate_ratelimit_decisions_total\{kind="gate",outcome="allowed"\} [1-9]\d*$`),
 		regexp.MustCompile(`(?m)^faregate_ratelimit_decisions_total\{kind="call",outcome="allowed"\} 1$`),
+		regexp.MustCompile(`(?m)^faregate_model_call_duration_seconds_count\{model="fake-model",outcome="ok"\} 1$`),
+		regexp.MustCompile(`(?m)^faregate_model_time_to_first_token_seconds_count\{model="fake-model"\} 1$`),
 	} {
 		if !sample.MatchString(text) {
 			t.Errorf("/metrics has no sample matching %s", sample)
