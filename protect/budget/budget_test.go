@@ -46,7 +46,8 @@ var testPrices = Prices{"cheap": {150000, 600000}, "dear": {2500000, 10000000}, 
 // fixture is one Budget on one backend, with its clock and registry.
 type fixture struct {
 	b   *Budget
-	rdb *redis.Client
+	rdb redis.UniversalClient
+	day string // the day check reads
 	clk *clock
 	reg *prometheus.Registry
 	ctx context.Context
@@ -60,7 +61,7 @@ func newFixture(t *testing.T, rdb *redis.Client, l Limits) *fixture {
 	clk := newClock(start)
 	reg := prometheus.NewRegistry()
 	b := New(rdb, Options{Limits: l, Prices: testPrices, ReservationTTL: time.Minute, Now: clk.Now, Registerer: reg})
-	return &fixture{b: b, rdb: rdb, clk: clk, reg: reg, ctx: context.Background()}
+	return &fixture{b: b, rdb: rdb, day: day, clk: clk, reg: reg, ctx: context.Background()}
 }
 
 // another is a second Budget (another replica) on the same Redis and clock.
@@ -102,7 +103,7 @@ type state struct {
 
 func (f *fixture) check(t *testing.T, q UsageQuery, want state) {
 	t.Helper()
-	q.Day = day
+	q.Day = f.day
 	rep, err := f.b.Usage(f.ctx, q)
 	if err != nil {
 		t.Fatalf("usage: %v", err)
