@@ -14,6 +14,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/agent/tools"
+	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 )
@@ -349,20 +350,20 @@ type rig struct {
 // alertLog records the alerts a run raised.
 type alertLog struct {
 	mu  sync.Mutex
-	all []Alert
+	all []alert.Alert
 }
 
-func (l *alertLog) add(a Alert) {
+func (l *alertLog) add(a alert.Alert) {
 	l.mu.Lock()
 	l.all = append(l.all, a)
 	l.mu.Unlock()
 }
 
 // Of returns the alerts of event, in order.
-func (l *alertLog) Of(event string) []Alert {
+func (l *alertLog) Of(event string) []alert.Alert {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []Alert
+	var out []alert.Alert
 	for _, a := range l.all {
 		if a.Event == event {
 			out = append(out, a)
@@ -372,7 +373,7 @@ func (l *alertLog) Of(event string) []Alert {
 }
 
 // All returns every alert, in order.
-func (l *alertLog) All() []Alert {
+func (l *alertLog) All() []alert.Alert {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.all)

@@ -22,6 +22,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/agent/tools"
+	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 	"faregate/protect/tracing"
@@ -109,8 +110,9 @@ type Deps struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Alert, when set, receives the alerts a run raises (overage,
 	// budget_warning, budget_exhausted, anomaly), on the run's goroutine:
-	// it must not block.
-	Alert func(Alert)
+	// it must not block. Their Scope, Text and Details never show more of
+	// a visitor's hash than its first 12 hex digits.
+	Alert func(alert.Alert)
 	// Logger defaults to one that discards.
 	Logger *slog.Logger
 	// Estimate counts a call's prompt tokens for the model it goes to;
@@ -143,7 +145,7 @@ type Workflow struct {
 	tools    Toolbox
 	limiter  Limiter
 	sleep    func(ctx context.Context, d time.Duration) error
-	alert    func(Alert)
+	alert    func(alert.Alert)
 	lg       *slog.Logger
 	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
 	tracer   oteltrace.Tracer

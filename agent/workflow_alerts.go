@@ -5,45 +5,9 @@ import (
 	"math"
 	"strings"
 
+	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
-)
-
-// Alert is an event an operator should hear about, raised by a run as it
-// happens; the caller's Deps.Alert delivers it (the webhook), deduplicates
-// it by Event and Scope, and must not block. Text and Details never carry
-// more of a visitor's hash than its first 12 hex digits.
-type Alert struct {
-	// Event is one of the Alert* names.
-	Event string
-	// Scope names what the alert is about: "site", "spend",
-	// "tier:<name>", "principal:v:<12 hex>" or "principal:k:<key id>",
-	// "task:<id>".
-	Scope string
-	// Severity is SeverityWarning or SeverityCritical.
-	Severity string
-	// Text is one sentence for a person.
-	Text string
-	// Details are the figures behind Text, for machines.
-	Details map[string]any
-}
-
-// The alert events a run raises (the contract's names).
-const (
-	// AlertOverage: a settlement charged more than its reservation held.
-	AlertOverage = "overage"
-	// AlertBudgetWarning: a daily scope crossed 80% of its limit.
-	AlertBudgetWarning = "budget_warning"
-	// AlertBudgetExhausted: a daily scope refused for the first time today.
-	AlertBudgetExhausted = "budget_exhausted"
-	// AlertAnomaly: a model call's prompt was an input spike.
-	AlertAnomaly = "anomaly"
-)
-
-// Alert severities.
-const (
-	SeverityWarning  = "warning"
-	SeverityCritical = "critical"
 )
 
 // shownHash is how much of a visitor's hash an alert may show: enough to
@@ -99,7 +63,7 @@ func unit(s budget.Scope) string {
 }
 
 // alert hands a to the caller's Alert, if any.
-func (r *run) alert(a Alert) {
+func (r *run) alert(a alert.Alert) {
 	if r.w.alert == nil {
 		return
 	}
@@ -116,7 +80,7 @@ func (r *run) alert(a Alert) {
 func (r *run) alertWarnings(events []budget.ScopeEvent) {
 	for _, e := range events {
 		scope := r.scopeName(e.Scope, e.Name)
-		r.alert(Alert{Event: AlertBudgetWarning, Scope: scope, Severity: SeverityWarning,
+		r.alert(alert.Alert{Event: alert.BudgetWarning, Scope: scope, Severity: alert.Warning,
 			Text:    fmt.Sprintf("%s has used 80%% of its daily budget: %d of %d %s", scope, e.Used, e.Limit, unit(e.Scope)),
 			Details: map[string]any{"scope": string(e.Scope), "used": e.Used, "limit": e.Limit, "unit": unit(e.Scope)}})
 	}
@@ -138,7 +102,7 @@ func (r *run) alertExhausted(ex *budget.ExhaustedError, req budget.Request) {
 		name = req.Task
 	}
 	scope := r.scopeName(ex.Scope, name)
-	r.alert(Alert{Event: AlertBudgetExhausted, Scope: scope, Severity: SeverityCritical,
+	r.alert(alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
 		Text: fmt.Sprintf("%s has exhausted its daily budget: model calls are refused until midnight UTC", scope),
 		Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit(ex.Scope),
 			"model": req.Model}})
@@ -153,7 +117,7 @@ func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
 	if s.Late {
 		late = " (settled after its reservation had been given back)"
 	}
-	r.alert(Alert{Event: AlertOverage, Scope: "task:" + r.rec.ID, Severity: SeverityWarning,
+	r.alert(alert.Alert{Event: alert.Overage, Scope: "task:" + r.rec.ID, Severity: alert.Warning,
 		Text: fmt.Sprintf("task %s used %d tokens on %s, %d over its reservation of %d%s",
 			r.rec.ID, s.Tokens, res.Model, s.OverageTokens, res.Tokens, late),
 		Details: map[string]any{"model": res.Model, "reserved_tokens": res.Tokens, "reserved_cost_micro": res.CostMicro,
@@ -170,7 +134,7 @@ func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
 	if d.BlockedFor > 0 {
 		details["blocked_for_seconds"] = int64(math.Ceil(d.BlockedFor.Seconds()))
 	}
-	r.alert(Alert{Event: AlertAnomaly, Scope: "principal:" + who, Severity: SeverityWarning,
+	r.alert(alert.Alert{Event: alert.Anomaly, Scope: "principal:" + who, Severity: alert.Warning,
 		Text: fmt.Sprintf("input spike from %s: a prompt of %d tokens against an average of %.0f; the call was not made (%d in the last hour)",
 			who, prompt, d.EMA, d.AnomaliesInHour),
 		Details: details})

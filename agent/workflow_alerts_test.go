@@ -8,12 +8,13 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/protect/alert"
 	"faregate/protect/budget"
 )
 
 // noFullHash fails when any alert shows more of the visitor's hash than
 // its first 12 hex digits.
-func noFullHash(t *testing.T, alerts []Alert) {
+func noFullHash(t *testing.T, alerts []alert.Alert) {
 	t.Helper()
 	raw, err := json.Marshal(alerts)
 	if err != nil {
@@ -35,13 +36,13 @@ func TestOverageAlert(t *testing.T) {
 		t.Fatal(err)
 	}
 	reserved := r.budget.Settled()[0].Reservation.Tokens
-	got := r.alerts.Of(AlertOverage)
+	got := r.alerts.Of(alert.Overage)
 	if len(got) != 1 {
 		t.Fatalf("overage alerts %+v", r.alerts.All())
 	}
 	a := got[0]
 	over := 2300 - reserved
-	if a.Scope != "task:"+rec.ID || a.Severity != SeverityWarning || !strings.Contains(a.Text, "primary") {
+	if a.Scope != "task:"+rec.ID || a.Severity != alert.Warning || !strings.Contains(a.Text, "primary") {
 		t.Fatalf("alert %+v", a)
 	}
 	d := a.Details
@@ -74,7 +75,7 @@ func TestLateOverageAlert(t *testing.T) {
 	if _, err := r.run(t, lisbon); err != nil {
 		t.Fatal(err)
 	}
-	got := r.alerts.Of(AlertOverage)
+	got := r.alerts.Of(alert.Overage)
 	if len(got) != 1 || got[0].Details["late"] != true || got[0].Details["overage_tokens"] != int64(230) {
 		t.Fatalf("overage alerts %+v", got)
 	}
@@ -101,7 +102,7 @@ func TestBudgetWarningAlerts(t *testing.T) {
 	if _, err := r.run(t, lisbon); err != nil {
 		t.Fatal(err)
 	}
-	got := r.alerts.Of(AlertBudgetWarning)
+	got := r.alerts.Of(alert.BudgetWarning)
 	var scopes []string
 	for _, a := range got {
 		scopes = append(scopes, a.Scope)
@@ -143,8 +144,8 @@ func TestBudgetExhaustedAlert(t *testing.T) {
 			if code, _, _ := FailureCode(err); code != task.CodeAgentFailed || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
-			got := r.alerts.Of(AlertBudgetExhausted)
-			if len(got) != 1 || got[0].Scope != tc.want || got[0].Severity != SeverityCritical || got[0].Details["scope"] != string(tc.scope) {
+			got := r.alerts.Of(alert.BudgetExhausted)
+			if len(got) != 1 || got[0].Scope != tc.want || got[0].Severity != alert.Critical || got[0].Details["scope"] != string(tc.scope) {
 				t.Fatalf("exhausted alerts %+v", got)
 			}
 			noFullHash(t, r.alerts.All())

@@ -12,6 +12,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/protect/alert"
 	"faregate/protect/ratelimit"
 )
 
@@ -66,7 +67,7 @@ func TestInputSpike(t *testing.T) {
 	if after := r.limiter.After(); len(after) != 5 {
 		t.Fatalf("AfterCall %d times: the refused call took nothing", len(after))
 	}
-	got := r.alerts.Of(AlertAnomaly)
+	got := r.alerts.Of(alert.Anomaly)
 	if len(got) != 1 {
 		t.Fatalf("anomaly alerts %+v", r.alerts.All())
 	}

@@ -8,6 +8,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/protect/alert"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
@@ -86,7 +87,7 @@ func TestOnRealScripts(t *testing.T) {
 		if code, _, _ := FailureCode(err); code != task.CodeInputSpike || len(m.Turns()) != 5 {
 			t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 		}
-		a := r.alerts.Of(AlertAnomaly)
+		a := r.alerts.Of(alert.Anomaly)
 		if len(a) != 1 || a[0].Details["ema"] != 1000.0 || a[0].Details["anomalies_in_hour"] != int64(1) || a[0].Details["samples"] != int64(5) {
 			t.Fatalf("anomaly alerts %+v", a)
 		}

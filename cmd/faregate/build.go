@@ -24,7 +24,7 @@ import (
 
 // buildModels returns the primary model (an OpenAI-compatible server or the
 // offline demo planner), its breaker and the fallback.
-func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify func(agent.Alert)) (*agent.Models, error) {
+func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify func(alert.Alert)) (*agent.Models, error) {
 	httpClient := &http.Client{Timeout: cfg.LLMTimeout}
 	var ms agent.Models
 	if cfg.LLMBaseURL == "" {
@@ -71,14 +71,14 @@ func buildToolbox(cfg *config, ix *guide.Index, lg *slog.Logger) agent.Toolbox {
 
 // breakerAlert tells the operator the primary model's breaker opened (calls
 // go to the fallback, or creations are refused) or closed again.
-func breakerAlert(notify func(agent.Alert), model string, from, to breaker.State) {
+func breakerAlert(notify func(alert.Alert), model string, from, to breaker.State) {
 	switch to {
 	case breaker.Open:
-		notify(agent.Alert{Event: alert.BreakerOpen, Scope: "model:" + model, Severity: alert.Critical,
+		notify(alert.Alert{Event: alert.BreakerOpen, Scope: "model:" + model, Severity: alert.Critical,
 			Text:    "The model provider's circuit breaker opened: calls go to the fallback model, or new tasks are refused without one.",
 			Details: map[string]any{"model": model, "from": string(from)}})
 	case breaker.Closed:
-		notify(agent.Alert{Event: alert.BreakerClosed, Scope: "model:" + model, Severity: alert.Info,
+		notify(alert.Alert{Event: alert.BreakerClosed, Scope: "model:" + model, Severity: alert.Info,
 			Text:    "The model provider's circuit breaker closed again: calls go to the primary model.",
 			Details: map[string]any{"model": model, "from": string(from)}})
 	}

@@ -16,6 +16,7 @@ import (
 
 	"faregate/agent"
 	"faregate/agent/guide"
+	"faregate/protect/alert"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -402,7 +403,7 @@ func minRunTokens(t *testing.T, env map[string]string) int64 {
 		t.Fatal(err)
 	}
 	lg := slog.New(slog.DiscardHandler)
-	models, err := buildModels(cfg, lg, prometheus.NewRegistry(), func(agent.Alert) {})
+	models, err := buildModels(cfg, lg, prometheus.NewRegistry(), func(alert.Alert) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,9 +180,6 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	a.alerts = alert.New(alert.Options{URL: cfg.AlertWebhookURL, Secret: cfg.AlertWebhookSecret,
 		Dedupe: alert.RedisDeduper(rdb), Logger: lg, Registerer: reg})
 	a.closers = append(a.closers, a.alerts.Close)
-	notify := func(x agent.Alert) {
-		a.alerts.Notify(alert.Alert{Event: x.Event, Scope: x.Scope, Severity: x.Severity, Text: x.Text, Details: x.Details})
-	}
 
 	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
 		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
@@ -197,7 +194,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		return nil, fmt.Errorf("FAREGATE_POLICY_FILE: %w", err)
 	}
 
-	models, err := buildModels(cfg, lg, reg, notify)
+	models, err := buildModels(cfg, lg, reg, a.alerts.Notify)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +235,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		TokenWait: cfg.TokenWait, SiteTokensPerMinute: cfg.SiteTokensPerMinute, SitePaceWait: cfg.SitePaceWait,
 	}, agent.Deps{
 		Models: models, Budget: bud, Ledger: ledger, Tools: toolbox, Limiter: limiter,
-		Alert: notify, Logger: lg, Estimate: estimator(models), Registerer: reg,
+		Alert: a.alerts.Notify, Logger: lg, Estimate: estimator(models), Registerer: reg,
 		Tracer: tracerFor(tp, "faregate/agent"),
 	})
 
