@@ -71,15 +71,8 @@ func withResult(id string, fields map[string]any) map[string]any {
 // languages, with the waiting time from Retry-After; the server's own
 // sentence is never shown, let alone as markup.
 func browserRefusals(t *testing.T, browser context.Context) {
-	var mu sync.Mutex
-	var reply func(http.ResponseWriter)
 	f := &fakeAPI{config: devConfig}
-	f.create = func(w http.ResponseWriter, _ map[string]any) {
-		mu.Lock()
-		r := reply
-		mu.Unlock()
-		r(w)
-	}
+	setReply := f.createReplies()
 	srv := startSite(t, f)
 	ctx := tab(t, browser)
 	do2(t, ctx, chromedp.Navigate(srv.URL), chromedp.WaitEnabled(chromedp.ID("submit")))
@@ -113,8 +106,7 @@ func browserRefusals(t *testing.T, browser context.Context) {
 			if eval[string](t, ctx, `document.documentElement.lang`) != tc.lang {
 				switchLanguage(t, ctx, tc.lang)
 			}
-			mu.Lock()
-			reply = func(w http.ResponseWriter) {
+			setReply(func(w http.ResponseWriter) {
 				hdr := map[string]string{"X-Request-Id": "req-7"}
 				if tc.retryAfter != "" {
 					hdr["Retry-After"] = tc.retryAfter
@@ -122,8 +114,7 @@ func browserRefusals(t *testing.T, browser context.Context) {
 				writeJSON(w, tc.status, map[string]any{"error": map[string]any{
 					"code": tc.code, "message": serverText, "request_id": "req-7",
 				}}, hdr)
-			}
-			mu.Unlock()
+			})
 			do2(t, ctx, chromedp.Click(chromedp.ID("submit")))
 			waitFor(t, ctx, fmt.Sprintf(`document.getElementById('messages').dataset.code === %q && !document.getElementById('submit').disabled`, tc.code))
 			wantContains(t, "message-text", text(t, ctx, "message-text"), tc.text)

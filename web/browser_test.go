@@ -53,6 +53,24 @@ func (f *fakeAPI) hit(name string) int {
 	return f.calls[name]
 }
 
+// createReplies makes f's creations answer with the reply last given to
+// the returned function, so one page can meet many answers in turn.
+func (f *fakeAPI) createReplies() func(reply func(http.ResponseWriter)) {
+	var mu sync.Mutex
+	var current func(http.ResponseWriter)
+	f.create = func(w http.ResponseWriter, _ map[string]any) {
+		mu.Lock()
+		r := current
+		mu.Unlock()
+		r(w)
+	}
+	return func(reply func(http.ResponseWriter)) {
+		mu.Lock()
+		current = reply
+		mu.Unlock()
+	}
+}
+
 // count reports how often the named path was called.
 func (f *fakeAPI) count(name string) int {
 	f.mu.Lock()
@@ -414,15 +432,8 @@ func browserTask(t *testing.T, browser context.Context) {
 // browserErrors: each failure gets its own words, waiting time, reference
 // and field marks; client-side refusals send nothing.
 func browserErrors(t *testing.T, browser context.Context) {
-	var mu sync.Mutex
-	var reply func(http.ResponseWriter)
 	f := &fakeAPI{config: devConfig}
-	f.create = func(w http.ResponseWriter, _ map[string]any) {
-		mu.Lock()
-		r := reply
-		mu.Unlock()
-		r(w)
-	}
+	setReply := f.createReplies()
 	srv := startSite(t, f)
 	ctx := tab(t, browser)
 	do2(t, ctx, chromedp.Navigate(srv.URL), chromedp.WaitEnabled(chromedp.ID("submit")))
@@ -479,9 +490,7 @@ func browserErrors(t *testing.T, browser context.Context) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			mu.Lock()
-			reply = tc.reply
-			mu.Unlock()
+			setReply(tc.reply)
 			before := f.postCount()
 			setValue(t, ctx, "destination", tc.destination)
 			do2(t, ctx, chromedp.Click(chromedp.ID("submit")))
