@@ -157,11 +157,7 @@ func (r *Runner) Consumer() string { return r.o.Consumer }
 // stored first (it is what GET /api/tasks answers); a task whose enqueue
 // fails is failed at once, since no worker will ever see it.
 func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, error) {
-	now := r.o.Now().UTC()
-	rec.ID = task.NewID()
-	rec.Status = task.StatusQueued
-	rec.CreatedAt, rec.UpdatedAt = now, now
-	rec.Steps, rec.Warnings = []task.Step{}, []string{}
+	rec = r.newRecord(rec, task.StatusQueued)
 	rec.Trace = tracing.TraceParent(ctx)
 	if err := r.store.Create(ctx, rec); err != nil {
 		return task.Record{}, err
@@ -191,16 +187,23 @@ func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, erro
 // Cached stores a task that is final at once: a plan served from the plan
 // cache. It never enters the queue.
 func (r *Runner) Cached(ctx context.Context, rec task.Record) (task.Record, error) {
-	now := r.o.Now().UTC()
-	rec.ID = task.NewID()
-	rec.Status = task.StatusSucceeded
-	rec.CreatedAt, rec.UpdatedAt = now, now
-	rec.Steps, rec.Warnings = []task.Step{}, []string{}
+	rec = r.newRecord(rec, task.StatusSucceeded)
 	if err := r.store.CreateFinal(ctx, rec); err != nil {
 		return task.Record{}, err
 	}
 	r.tasks.WithLabelValues(task.StatusSucceeded).Inc()
 	return rec, nil
+}
+
+// newRecord is rec as a new task: a fresh id, the status, created now,
+// and empty (not null) steps and warnings.
+func (r *Runner) newRecord(rec task.Record, status string) task.Record {
+	now := r.o.Now().UTC()
+	rec.ID = task.NewID()
+	rec.Status = status
+	rec.CreatedAt, rec.UpdatedAt = now, now
+	rec.Steps, rec.Warnings = []task.Step{}, []string{}
+	return rec
 }
 
 // Depth is how many tasks wait or run, for the admission's queue bound.
