@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,9 +51,7 @@ type Cluster struct {
 type clusterNode struct {
 	port int
 	dir  string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc process
 }
 
 func (n *clusterNode) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port)) }
@@ -212,37 +209,13 @@ func portFree(p int) bool {
 }
 
 func (n *clusterNode) start(bin string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(n.port), "--bind", "127.0.0.1",
+	return n.proc.start(bin, n.dir, n.addr(), []string{"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1",
 		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)),
-		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
-	cmd.Dir = n.dir
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redistest: start cluster node: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	n.cmd, n.done = cmd, done
-	c := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
-	defer c.Close()
-	if !waitFor(10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }) {
-		return fmt.Errorf("redistest: cluster node %s did not answer", n.addr())
-	}
-	return nil
+		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout / time.Millisecond)),
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"})
 }
 
-func (n *clusterNode) kill() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd == nil {
-		return
-	}
-	_ = n.cmd.Process.Kill()
-	<-n.done
-	n.cmd = nil
-}
+func (n *clusterNode) kill() { n.proc.kill() }
 
 // waitOK waits until every live node reports cluster_state:ok and agrees
 // that every slot is served.
@@ -260,10 +233,7 @@ func (c *Cluster) waitOK(t testing.TB, d time.Duration) bool {
 // client of its own.
 func (c *Cluster) allLive(ok func(*redis.Client) bool) bool {
 	for _, n := range c.nodes {
-		n.mu.Lock()
-		alive := n.cmd != nil
-		n.mu.Unlock()
-		if !alive {
+		if !n.proc.alive() {
 			continue
 		}
 		cc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})

@@ -179,9 +179,7 @@ type Server struct {
 	bin  string
 	port int
 	args []string // after the defaults; a later argument wins
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc process
 }
 
 // Start launches a private redis-server on a free loopback port; it is
@@ -228,21 +226,40 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 
 // Start (re)launches the process on the server's port and waits until it answers PING.
 func (s *Server) Start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return nil
-	}
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"}, s.args...)
-	cmd := exec.Command(s.bin, args...)
+	return s.proc.start(s.bin, "", s.Addr(), args)
+}
+
+// Stop kills the process (only this test's own) and waits for it to exit.
+func (s *Server) Stop() { s.proc.kill() }
+
+// process is one redis-server this package started, so the only kind it
+// ever kills.
+type process struct {
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// start runs bin with args in dir ("": the current one), unless it runs
+// already, and waits until addr answers PING; a process that exits first
+// is an error at once.
+func (p *process) start(bin, dir, addr string, args []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return nil
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
+		return fmt.Errorf("redistest: start %s for %s: %w", bin, addr, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	s.cmd, s.done = cmd, done
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	p.cmd, p.done = cmd, done
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -251,24 +268,31 @@ func (s *Server) Start() error {
 		}
 		select {
 		case <-done:
-			s.cmd = nil
-			return fmt.Errorf("redistest: redis-server on port %d exited at start", s.port)
+			p.cmd = nil
+			return fmt.Errorf("redistest: redis-server for %s exited at start", addr)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("redistest: redis-server on port %d did not answer", s.port)
+	return fmt.Errorf("redistest: redis-server for %s did not answer", addr)
 }
 
-// Stop kills the process (only this test's own) and waits for it to exit.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
+// kill kills the process, if it runs, and waits for it to exit.
+func (p *process) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd = nil
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	p.cmd = nil
+}
+
+// alive reports whether the process runs (it was started and not killed).
+func (p *process) alive() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil
 }
 
 func freePort(t testing.TB) int {
