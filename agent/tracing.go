@@ -87,10 +87,10 @@ type modelSpan struct{ span oteltrace.Span }
 // startModel starts the model.call span of an attempt on model, which
 // holds a reservation of reserved tokens.
 func (r *run) startModel(ctx context.Context, model string, reserved int64) (context.Context, modelSpan) {
-	if r.w.tracer == nil {
+	if r.w.d.Tracer == nil {
 		return ctx, modelSpan{}
 	}
-	ctx, span := r.w.tracer.Start(ctx, spanModel, oteltrace.WithSpanKind(oteltrace.SpanKindClient),
+	ctx, span := r.w.d.Tracer.Start(ctx, spanModel, oteltrace.WithSpanKind(oteltrace.SpanKindClient),
 		oteltrace.WithAttributes(attrGenAIOperation.String("chat"), attrGenAIModel.String(model), attrReserved.Int64(reserved)))
 	return ctx, modelSpan{span}
 }
@@ -112,10 +112,10 @@ func (m modelSpan) end(outcome string, prompt, completion int64, estimated bool,
 // startSettle starts the budget.settle span of reservation res; end
 // records what the settle charged, or that it failed.
 func (w *Workflow) startSettle(ctx context.Context, res budget.Reservation) (context.Context, func(budget.Settlement, error)) {
-	if w.tracer == nil {
+	if w.d.Tracer == nil {
 		return ctx, func(budget.Settlement, error) {}
 	}
-	ctx, span := w.tracer.Start(ctx, spanSettle, oteltrace.WithAttributes(attrGenAIModel.String(res.Model), attrReserved.Int64(res.Tokens)))
+	ctx, span := w.d.Tracer.Start(ctx, spanSettle, oteltrace.WithAttributes(attrGenAIModel.String(res.Model), attrReserved.Int64(res.Tokens)))
 	return ctx, func(s budget.Settlement, err error) {
 		if err != nil {
 			// The budget's error names Redis at most; the code says enough.
@@ -131,13 +131,13 @@ func (w *Workflow) startSettle(ctx context.Context, res budget.Reservation) (con
 // for; end records how the call was answered, as its step says: ok,
 // failed, or cached (from the task's memory).
 func (r *run) startTool(ctx context.Context, name string) (context.Context, func()) {
-	if r.w.tracer == nil {
+	if r.w.d.Tracer == nil {
 		return ctx, noEnd
 	}
 	if _, ok := r.tools[name]; !ok {
 		name = "unknown" // the model chose this name: not an attribute value
 	}
-	ctx, span := r.w.tracer.Start(ctx, spanTool, oteltrace.WithAttributes(attrGenAITool.String(name)))
+	ctx, span := r.w.d.Tracer.Start(ctx, spanTool, oteltrace.WithAttributes(attrGenAITool.String(name)))
 	return ctx, func() {
 		status := r.lastStepStatus()
 		span.SetAttributes(attrOutcome.String(status), attrCached.Bool(status == "cached"))

@@ -138,27 +138,16 @@ type Deps struct {
 // leaves no ledger entry. Afterwards the budget, the site's turn and the
 // principal's bucket are settled with what the call used.
 type Workflow struct {
-	cfg      Config
-	models   *Models
-	budget   Budget
-	ledger   Ledger
-	tools    Toolbox
-	limiter  Limiter
-	sleep    func(ctx context.Context, d time.Duration) error
-	alert    func(alert.Alert)
-	lg       *slog.Logger
-	estimate func(model string, msgs []chat.Message, tools []chat.ToolDef) int64
-	tracer   oteltrace.Tracer
-	metrics  *modelMetrics
+	cfg     Config
+	d       Deps // defaults applied
+	metrics *modelMetrics
 }
 
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
 func NewWorkflow(cfg Config, d Deps) *Workflow {
-	w := &Workflow{cfg: cfg, models: d.Models, budget: d.Budget, ledger: d.Ledger, tools: d.Tools,
-		limiter: d.Limiter, sleep: d.Sleep, alert: d.Alert, lg: d.Logger, estimate: d.Estimate, tracer: d.Tracer,
-		metrics: newModelMetrics(d.Registerer)}
-	if w.lg == nil {
-		w.lg = slog.New(slog.DiscardHandler)
+	w := &Workflow{cfg: cfg, d: d, metrics: newModelMetrics(d.Registerer)}
+	if w.d.Logger == nil {
+		w.d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if w.cfg.TokenWait <= 0 {
 		w.cfg.TokenWait = DefaultTokenWait
@@ -167,11 +156,11 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 		w.cfg.SitePaceWait = DefaultSitePaceWait
 	}
 	w.cfg.SitePaceWait = min(w.cfg.SitePaceWait, ratelimit.MaxPaceWait)
-	if w.sleep == nil {
-		w.sleep = sleep
+	if w.d.Sleep == nil {
+		w.d.Sleep = sleep
 	}
-	if w.estimate == nil {
-		w.estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
+	if w.d.Estimate == nil {
+		w.d.Estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
 			return chat.EstimatePrompt(msgs, tools)
 		}
 	}
@@ -191,7 +180,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // Models returns the workflow's model router (for health and config).
-func (w *Workflow) Models() *Models { return w.models }
+func (w *Workflow) Models() *Models { return w.d.Models }
 
 // MinRunTokens is what one minimal run must be able to afford: the
 // reservation of a first model call for the largest valid request, on the
@@ -201,8 +190,8 @@ func (w *Workflow) MinRunTokens() int64 {
 	for i := 0; i < 5; i++ {
 		req.Interests = append(req.Interests, strings.Repeat("x", 32))
 	}
-	defs := tools.Definitions(w.tools(&task.Record{Task: task.Task{Request: req}}, func(string, string) {}))
-	return w.estimate(w.models.Next(false).Name, initialMessages(req), defs) + int64(w.cfg.MaxTokens)
+	defs := tools.Definitions(w.d.Tools(&task.Record{Task: task.Task{Request: req}}, func(string, string) {}))
+	return w.d.Estimate(w.d.Models.Next(false).Name, initialMessages(req), defs) + int64(w.cfg.MaxTokens)
 }
 
 func initialMessages(r task.Request) []chat.Message {
@@ -270,7 +259,7 @@ type memo struct {
 // FailureCode reads; a context's end is returned as it is.
 func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress) error {
 	r := &run{w: w, rec: rec, progress: progress, memory: map[string]*memo{},
-		lg: tracing.Logger(ctx, w.lg).With("task", rec.ID, "request_id", rec.RequestID)}
+		lg: tracing.Logger(ctx, w.d.Logger).With("task", rec.ID, "request_id", rec.RequestID)}
 	r.lowPrec = rec.AITF.Degraded
 	maxSteps := w.cfg.MaxSteps
 	if r.lowPrec {
@@ -280,7 +269,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 		r.warn(task.WarnLowPrecision)
 	}
 	r.tools = map[string]tools.Tool{}
-	for _, t := range w.tools(rec, func(code, detail string) {
+	for _, t := range w.d.Tools(rec, func(code, detail string) {
 		r.lg.Info("tool warning", "code", code, "detail", detail)
 		r.warn(code)
 	}) {

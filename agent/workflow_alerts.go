@@ -64,7 +64,7 @@ func unit(s budget.Scope) string {
 
 // alert hands a to the caller's Alert, if any.
 func (r *run) alert(a alert.Alert) {
-	if r.w.alert == nil {
+	if r.w.d.Alert == nil {
 		return
 	}
 	if a.Details == nil {
@@ -72,7 +72,7 @@ func (r *run) alert(a alert.Alert) {
 	}
 	a.Details["task"] = r.rec.ID
 	a.Details["principal"] = shownPrincipal(r.rec.Principal)
-	r.w.alert(a)
+	r.w.d.Alert(a)
 }
 
 // alertWarnings raises budget_warning for each daily scope a reservation

@@ -114,7 +114,7 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 // provider failure and must never count towards opening it.
 func (c *modelCall) do(ctx context.Context) (reply chat.Reply, used Model, fellBack bool, err error) {
 	r := c.r
-	first := r.w.models.Next(r.lowPrec)
+	first := r.w.d.Models.Next(r.lowPrec)
 	c.plan(first.Name)
 	if err := c.takeTokens(ctx); err != nil {
 		return chat.Reply{}, first, false, err
@@ -127,7 +127,7 @@ func (c *modelCall) do(ctx context.Context) (reply chat.Reply, used Model, fellB
 	if err := c.pace(ctx); err != nil {
 		return chat.Reply{}, first, false, err
 	}
-	used, fellBack, err = r.w.models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
+	used, fellBack, err = r.w.d.Models.Do(ctx, r.lowPrec, func(ctx context.Context, mdl Model) error {
 		if err := c.prepare(ctx, mdl); err != nil {
 			return err
 		}
@@ -166,7 +166,7 @@ func (c *modelCall) prepare(ctx context.Context, mdl Model) error {
 // plan sizes an attempt on model: its prompt as that model counts it, and
 // the full completion limit.
 func (c *modelCall) plan(model string) {
-	c.prompt = c.r.w.estimate(model, c.r.msgs, c.defs)
+	c.prompt = c.r.w.d.Estimate(model, c.r.msgs, c.defs)
 	c.maxTokens = int64(c.r.w.cfg.MaxTokens)
 }
 
@@ -176,13 +176,13 @@ func (c *modelCall) plan(model string) {
 // with a new op id each time.
 func (c *modelCall) takeTokens(ctx context.Context) error {
 	r := c.r
-	if r.w.limiter == nil {
+	if r.w.d.Limiter == nil {
 		return nil
 	}
 	amount := c.prompt + c.maxTokens
 	for {
 		op := rand.Text()
-		d, err := r.w.limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(r.rec.Principal),
+		d, err := r.w.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(r.rec.Principal),
 			PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: r.rec.Limits.TokensPerMinute, Op: op})
 		switch {
 		case errors.Is(err, ratelimit.ErrTooLarge):
@@ -205,7 +205,7 @@ func (c *modelCall) takeTokens(ctx context.Context) error {
 		if c.waited+wait > r.w.cfg.TokenWait {
 			return &failure{task.CodeTokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
 		}
-		if err := r.w.sleep(ctx, wait); err != nil {
+		if err := r.w.d.Sleep(ctx, wait); err != nil {
 			return err
 		}
 		c.waited += wait
@@ -224,14 +224,14 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 	if r.rec.Limits.TierTokens > 0 {
 		req.Tier, req.TierLimit = r.rec.Tier, r.rec.Limits.TierTokens
 	}
-	res, err := r.w.budget.Reserve(ctx, req)
+	res, err := r.w.d.Budget.Reserve(ctx, req)
 	var ex *budget.ExhaustedError
 	if errors.As(err, &ex) {
 		r.alertExhausted(ex, req)
 		if c.closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= minClosingTokens {
 			c.maxTokens = ex.Remaining - c.prompt
 			req.MaxTokens = c.maxTokens
-			res, err = r.w.budget.Reserve(ctx, req)
+			res, err = r.w.d.Budget.Reserve(ctx, req)
 			if errors.As(err, &ex) {
 				r.alertExhausted(ex, req)
 			}
@@ -256,7 +256,7 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 // failed, and the reservation then expires on its own.
 func (c *modelCall) settle(ctx context.Context, res budget.Reservation, prompt, completion int64) budget.Settlement {
 	ctx, end := c.r.w.startSettle(ctx, res)
-	s, err := c.r.w.budget.Settle(context.WithoutCancel(ctx), res, prompt, completion)
+	s, err := c.r.w.d.Budget.Settle(context.WithoutCancel(ctx), res, prompt, completion)
 	end(s, err)
 	if err != nil {
 		c.r.lg.Warn("budget settle failed", "err", err)
@@ -281,12 +281,12 @@ func (c *modelCall) giveBack(ctx context.Context) {
 func (c *modelCall) pace(ctx context.Context) error {
 	r := c.r
 	rate := r.w.cfg.SiteTokensPerMinute
-	if r.w.limiter == nil || rate <= 0 {
+	if r.w.d.Limiter == nil || rate <= 0 {
 		return nil
 	}
 	amount := c.prompt + c.maxTokens
 	op := rand.Text()
-	wait, err := r.w.limiter.Pace(ctx, ratelimit.SiteScope, rate, amount, r.w.cfg.SitePaceWait, op)
+	wait, err := r.w.d.Limiter.Pace(ctx, ratelimit.SiteScope, rate, amount, r.w.cfg.SitePaceWait, op)
 	var tooLong *ratelimit.WaitTooLongError
 	switch {
 	case errors.As(err, &tooLong):
@@ -302,7 +302,7 @@ func (c *modelCall) pace(ctx context.Context) error {
 	}
 	c.paced = &bucketTake{op: op, amount: amount}
 	if wait > 0 {
-		if err := r.w.sleep(ctx, wait); err != nil {
+		if err := r.w.d.Sleep(ctx, wait); err != nil {
 			return err
 		}
 		c.waited += wait
@@ -313,7 +313,7 @@ func (c *modelCall) pace(ctx context.Context) error {
 // settleBucket settles tokens taken from scope's bucket with what was
 // used: the rest goes back, an excess is recorded as overage.
 func (c *modelCall) settleBucket(ctx context.Context, scope string, rate int64, t *bucketTake, used int64) {
-	if _, err := c.r.w.limiter.AfterCall(context.WithoutCancel(ctx), scope, rate, t.amount, used, t.op); err != nil {
+	if _, err := c.r.w.d.Limiter.AfterCall(context.WithoutCancel(ctx), scope, rate, t.amount, used, t.op); err != nil {
 		c.r.lg.Warn("token bucket settle failed", "scope", bucketName(scope), "err", err)
 	}
 }
@@ -462,12 +462,12 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 	c.charged += promptUsed + completion
 	r.rec.Usage.PromptTokens += promptUsed
 	r.rec.Usage.CompletionTokens += completion
-	if r.w.ledger != nil {
+	if r.w.d.Ledger != nil {
 		entry := budget.Entry{Task: r.rec.ID, Model: mdl.Name, Principal: r.rec.Principal, RequestID: r.rec.RequestID,
 			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
 			CostMicro: s.CostMicro, OverageTokens: s.OverageTokens, OverageCostMicro: s.OverageCostMicro,
 			Outcome: outcome, Estimated: !reported}
-		if lerr := r.w.ledger.Append(context.WithoutCancel(ctx), entry); lerr != nil {
+		if lerr := r.w.d.Ledger.Append(context.WithoutCancel(ctx), entry); lerr != nil {
 			r.lg.Warn("usage ledger append failed", "err", lerr)
 		}
 	}
