@@ -92,6 +92,21 @@ local function crossed(key, limit, tag)
   if redis.call('HGET', key, 'warned') == tag then return 1, u end
   return 0, u
 end
+-- withScopes appends to out the four warning flags, then the four used
+-- values, of site, spend, tier and principal (KEYS 1 to 4). Only an answer
+-- that charged (charged) can cross a warning line; the others report use.
+local function withScopes(out, charged, limit, active, tag)
+  local w, u = {}, {}
+  for i = 1, 4 do
+    w[i], u[i] = 0, 0
+    if active[i] then
+      if charged then w[i], u[i] = crossed(KEYS[i], limit[i], tag) else u[i] = used(KEYS[i]) end
+    end
+  end
+  for i = 1, 4 do out[#out + 1] = w[i] end
+  for i = 1, 4 do out[#out + 1] = u[i] end
+  return out
+end
 -- first reports whether this refusal (tag) is the scope's first today.
 local function first(key, tag, ttl)
   if redis.call('HSETNX', key, 'exhausted', tag) == 1 then
@@ -128,17 +143,8 @@ local amount = {tok, cost, tok, tok, tok}
 local limit = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
 local active = {true, true, ARGV[13] == '1', true, true}
 local function answer(status, scope, rem, fst)
-  local out = {status, scope, rem, fst, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])}
-  local w, u = {}, {}
-  for i = 1, 4 do
-    w[i], u[i] = 0, 0
-    if active[i] then
-      if status == 1 or status == 2 then w[i], u[i] = crossed(KEYS[i], limit[i], tag) else u[i] = used(KEYS[i]) end
-    end
-  end
-  for i = 1, 4 do out[#out + 1] = w[i] end
-  for i = 1, 4 do out[#out + 1] = u[i] end
-  return out
+  return withScopes({status, scope, rem, fst, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])},
+    status == 1 or status == 2, limit, active, tag)
 end
 -- The id is made before the call, so a reply lost on the way back and the
 -- client's re-send of the same script meet here: answer the first success.
@@ -197,17 +203,8 @@ local actual = {at, ac, at, at, at}
 local limit = {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
 local active = {true, true, ARGV[11] == '1', true, true}
 local function answer(status, t, c, ot, oc, late)
-  local out = {status, t, c, ot, oc, late, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])}
-  local w, u = {}, {}
-  for i = 1, 4 do
-    w[i], u[i] = 0, 0
-    if active[i] then
-      if status ~= 0 then w[i], u[i] = crossed(KEYS[i], limit[i], tag) else u[i] = used(KEYS[i]) end
-    end
-  end
-  for i = 1, 4 do out[#out + 1] = w[i] end
-  for i = 1, 4 do out[#out + 1] = u[i] end
-  return out
+  return withScopes({status, t, c, ot, oc, late, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])},
+    status ~= 0, limit, active, tag)
 end
 local function record(ot, oc, late)
   redis.call('HSET', KEYS[9], id, 'S|' .. int(at) .. '|' .. int(ac) .. '|' .. int(ot) .. '|' .. int(oc) .. '|' .. late .. '|' .. info)
