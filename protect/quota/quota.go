@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"faregate/protect/memo"
 )
 
 // KeyTTL is how long a day's counters live: long enough to outlast the day
@@ -172,15 +174,15 @@ type Quota struct {
 	// (a policy reload) makes it stale, and Redis is asked again.
 	mu            sync.Mutex
 	denialDay     string
-	deniedVisitor map[string]int64
-	deniedKey     map[string]int64
+	deniedVisitor *memo.Memo[string, int64]
+	deniedKey     *memo.Memo[string, int64]
 	deniedGlobal  int64 // the global limit the site was refused at; 0: not refused
 	dayNum        int64
 	dayStr        string
 }
 
-// maxRemembered bounds each denial memory; past it, denials still work,
-// they just ask Redis again.
+// maxRemembered bounds each denial memory; past it the least recently
+// refused is forgotten: denials still work, they just ask Redis again.
 const maxRemembered = 200_000
 
 // New returns a Quota on rdb. now may be nil (time.Now).
@@ -188,7 +190,9 @@ func New(rdb redis.Scripter, now func() time.Time) *Quota {
 	if now == nil {
 		now = time.Now
 	}
-	return &Quota{rdb: rdb, now: now, deniedVisitor: map[string]int64{}, deniedKey: map[string]int64{}}
+	return &Quota{rdb: rdb, now: now,
+		deniedVisitor: memo.New[string, int64](maxRemembered, now),
+		deniedKey:     memo.New[string, int64](maxRemembered, now)}
 }
 
 // Submitter queues a command on a shared pipeline and returns a future to
@@ -269,12 +273,12 @@ func (q *Quota) Remembered(s Subject) error {
 	defer q.mu.Unlock()
 	q.rollLocked(q.dayLocked(now))
 	if s.Key != "" {
-		if at, ok := q.deniedKey[s.Key]; ok && s.Limit <= at {
+		if at, _, ok := q.deniedKey.Get(s.Key); ok && s.Limit <= at {
 			return q.refusal(ErrKeyLimit, s.Limit, now)
 		}
 		return nil
 	}
-	if at, ok := q.deniedVisitor[s.Visitor]; ok && s.Limit <= at {
+	if at, _, ok := q.deniedVisitor.Get(s.Visitor); ok && s.Limit <= at {
 		return q.refusal(ErrVisitorLimit, s.Limit, now)
 	}
 	if q.deniedGlobal > 0 && s.Global <= q.deniedGlobal {
@@ -443,14 +447,12 @@ func (q *Quota) remember(day string, s Subject, code int64, d Decision) {
 	q.rollLocked(day)
 	switch {
 	case s.Key != "":
-		if (code == 3 || (code == 0 && d.Remaining == 0)) && len(q.deniedKey) < maxRemembered {
-			q.deniedKey[s.Key] = s.Limit
+		if code == 3 || (code == 0 && d.Remaining == 0) {
+			q.deniedKey.Put(s.Key, s.Limit, d.Reset)
 		}
 		return
 	case code == 1 || (code == 0 && d.Remaining == 0):
-		if len(q.deniedVisitor) < maxRemembered {
-			q.deniedVisitor[s.Visitor] = s.Limit
-		}
+		q.deniedVisitor.Put(s.Visitor, s.Limit, d.Reset)
 	}
 	if code == 2 || (code == 0 && d.GlobalRemaining == 0) {
 		q.deniedGlobal = s.Global
@@ -470,8 +472,10 @@ func (q *Quota) dayLocked(now time.Time) string {
 func (q *Quota) rollLocked(day string) {
 	if q.denialDay != day {
 		q.denialDay = day
-		clear(q.deniedVisitor)
-		clear(q.deniedKey)
+		// The memories' entries end at midnight anyway; a clock that
+		// moved to another day any other way must not keep them either.
+		q.deniedVisitor.Purge()
+		q.deniedKey.Purge()
 		q.deniedGlobal = 0
 	}
 }
