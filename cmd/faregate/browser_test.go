@@ -564,13 +564,7 @@ func browserRedisOutage(t *testing.T, parent context.Context, shots string) {
 		t.Fatal(err)
 	}
 	// The server notices on its own; /readyz says when it has.
-	deadline := time.Now().Add(browserWait)
-	for do(t, "GET", s.URL+"/readyz", "", nil).Status != 200 {
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz not 200 after Redis came back")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	pollUntil(t, browserWait, "/readyz 200 after Redis came back", func() bool { return do(t, "GET", s.URL+"/readyz", "", nil).Status == 200 })
 	b.submit()
 	if st := b.waitTaskDone(); st != "succeeded" {
 		t.Fatalf("task after recovery ended %q", st)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -33,10 +34,7 @@ func TestGracefulShutdown(t *testing.T) {
 			r := do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Rome","days":1}`, nil)
 			id := r.Body["id"].(string)
 			// Wait until the run is under way, then shut down.
-			deadline := time.Now().Add(5 * time.Second)
-			for len(llm.Requests()) == 0 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
+			clocktest.Poll(5*time.Second, func() bool { return len(llm.Requests()) > 0 })
 			if err := s.Stop(); err != nil {
 				t.Fatalf("run: %v", err)
 			}

@@ -13,9 +13,6 @@ import (
 	"faregate/protect/redistest"
 )
 
-// clock is a settable time source shared by the test and the Quota.
-type clock = clocktest.Clock
-
 func visitor(v string) quota.Subject { return quota.Subject{Visitor: v, Limit: 2, Global: 3} }
 
 // TestConformance runs the same expectations on miniredis and real Redis.
