@@ -85,62 +85,55 @@ func TestUsageCommand(t *testing.T) {
 // TestShutdownDeliversFinalEvents (#19 item 16): a task in a model call
 // that outlasts the grace period is marked failed by this replica as it
 // shuts down, and a follower on this replica gets that end: the final
-// status event (failed) and done, before its stream closes. On the
-// embedded Redis and on a real one.
+// status event (failed) and done, before its stream closes. On a single
+// replica with the embedded Redis (TestShutdownFollowerGetsFinalEvents
+// does the same on redis-server).
 func TestShutdownDeliversFinalEvents(t *testing.T) {
-	for _, backend := range []string{"embedded", "redis-server"} {
-		t.Run(backend, func(t *testing.T) {
-			llm, _ := heldLLM(t, "Oslo")
-			env := map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(),
-				"FAREGATE_SHUTDOWN_TIMEOUT": "2s", "FAREGATE_WEATHER_URL": deadURL(t)}
-			if backend == "redis-server" {
-				env = realRedisEnv(redistest.Real(t).URL, env)
-			}
-			s := startServer(t, env)
-			id := startHeldTask(t, s, llm, "Oslo", nil)
-			st, err := openStream(t, s.URL, "/api/tasks/"+id+"/events", nil)
-			if err != nil || !st.held() {
-				t.Fatalf("open the follower's stream: %v", err)
-			}
-			defer st.close()
-			stopped := make(chan error, 1)
-			go func() { stopped <- s.Stop() }()
+	llm, _ := heldLLM(t, "Oslo")
+	s := startServer(t, map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(),
+		"FAREGATE_SHUTDOWN_TIMEOUT": "2s", "FAREGATE_WEATHER_URL": deadURL(t)})
+	id := startHeldTask(t, s, llm, "Oslo", nil)
+	st, err := openStream(t, s.URL, "/api/tasks/"+id+"/events", nil)
+	if err != nil || !st.held() {
+		t.Fatalf("open the follower's stream: %v", err)
+	}
+	defer st.close()
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop() }()
 
-			// Read the stream to its end (the server closes it when it stops).
-			_ = st.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-			var events []sseEvent
-			var cur sseEvent
-			for {
-				line, err := st.events.ReadString('\n')
-				if err != nil {
-					break
-				}
-				line = strings.TrimRight(line, "\r\n")
-				switch {
-				case line == "":
-					if cur.Type != "" {
-						events = append(events, cur)
-					}
-					cur = sseEvent{}
-				case strings.HasPrefix(line, "event: "):
-					cur.Type = line[7:]
-				case strings.HasPrefix(line, "data: "):
-					cur.Data += line[6:]
-				}
+	// Read the stream to its end (the server closes it when it stops).
+	_ = st.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var events []sseEvent
+	var cur sseEvent
+	for {
+		line, err := st.events.ReadString('\n')
+		if err != nil {
+			break
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case line == "":
+			if cur.Type != "" {
+				events = append(events, cur)
 			}
-			if err := <-stopped; err != nil {
-				t.Fatalf("run: %v", err)
-			}
-			if len(events) < 2 {
-				t.Fatalf("the follower's stream ended with %d events, want the final status and done: %+v\n%s", len(events), events, s.Out.String())
-			}
-			last, status := events[len(events)-1], events[len(events)-2]
-			if last.Type != "done" || status.Type != "status" || !strings.Contains(status.Data, `"failed"`) {
-				t.Fatalf("the stream's last events are %+v, %+v; want status failed, then done", status, last)
-			}
-			if !strings.Contains(last.Data, "shut down") {
-				t.Fatalf("done does not say why the task failed: %s", last.Data)
-			}
-		})
+			cur = sseEvent{}
+		case strings.HasPrefix(line, "event: "):
+			cur.Type = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			cur.Data += line[6:]
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if len(events) < 2 {
+		t.Fatalf("the follower's stream ended with %d events, want the final status and done: %+v\n%s", len(events), events, s.Out.String())
+	}
+	last, status := events[len(events)-1], events[len(events)-2]
+	if last.Type != "done" || status.Type != "status" || !strings.Contains(status.Data, `"failed"`) {
+		t.Fatalf("the stream's last events are %+v, %+v; want status failed, then done", status, last)
+	}
+	if !strings.Contains(last.Data, "shut down") {
+		t.Fatalf("done does not say why the task failed: %s", last.Data)
 	}
 }
