@@ -20,6 +20,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"faregate/protect/clocktest"
 )
 
 // repoRoot is the module root, seen from this package's directory (where
@@ -496,12 +498,10 @@ func TestMetricsFamiliesAndLint(t *testing.T) {
 	// duration and stores the plan: scrape until both are counted.
 	finished := regexp.MustCompile(`(?m)^faregate_task_duration_seconds_count\{outcome="succeeded"\} 1$`)
 	var text string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	clocktest.Poll(10*time.Second, func() bool {
 		text = scrape(t, private)
-		if finished.MatchString(text) && strings.Contains(text, `faregate_plan_cache_total{op="put",outcome="ok"} 1`) || time.Now().After(deadline) {
-			break
-		}
-	}
+		return finished.MatchString(text) && strings.Contains(text, `faregate_plan_cache_total{op="put",outcome="ok"} 1`)
+	})
 
 	types := map[string]string{} // family → type, from the # TYPE lines
 	for l := range strings.Lines(text) {

@@ -17,6 +17,7 @@ import (
 	"faregate/agent"
 	"faregate/agent/guide"
 	"faregate/protect/alert"
+	"faregate/protect/clocktest"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -187,20 +188,13 @@ func TestPolicyReloadEndToEnd(t *testing.T) {
 	admittedWithin := func(tasks int) time.Duration {
 		t.Helper()
 		pf.write(policyWith(tasks))
-		start := time.Now()
-		for {
+		return pollUntil(t, 2*time.Second, fmt.Sprintf("tasks_per_day raised to %d: a creation admitted", tasks), func() bool {
 			r := do(t, "POST", s.URL+"/api/tasks", body, acme.auth())
-			if r.Status == 202 {
-				return time.Since(start)
-			}
-			if r.code() != "key_daily_limit_reached" {
+			if r.Status != 202 && r.code() != "key_daily_limit_reached" {
 				t.Fatalf("while waiting for the reload: %d %s", r.Status, r.Raw)
 			}
-			if time.Since(start) > 2*time.Second {
-				t.Fatalf("tasks_per_day raised to %d: still refused after %v", tasks, time.Since(start))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return r.Status == 202
+		})
 	}
 
 	mustCreate("first")
@@ -262,13 +256,11 @@ func sighupReload(t *testing.T, s *server) time.Duration {
 		case <-time.After(5 * time.Second):
 			t.Fatal("SIGHUP was not delivered to this process within 5s")
 		}
-		deadline := time.Now().Add(500 * time.Millisecond)
-		for time.Now().Before(deadline) {
-			if metricValue(t, s.URL, "faregate_policy_reloads_total") > reloads &&
-				strings.Count(s.Out.String(), `"trigger":"signal"`) > logged {
-				return time.Since(start)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if clocktest.Poll(500*time.Millisecond, func() bool {
+			return metricValue(t, s.URL, "faregate_policy_reloads_total") > reloads &&
+				strings.Count(s.Out.String(), `"trigger":"signal"`) > logged
+		}) {
+			return time.Since(start)
 		}
 	}
 	t.Fatal("no reload triggered by SIGHUP within 10s")

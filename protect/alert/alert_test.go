@@ -186,13 +186,7 @@ func (h *harness) outcome(event, outcome string) float64 {
 // is a real event (a worker finishing), not a timed guess.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	clocktest.Eventually(t, 10*time.Second, what, cond)
 }
 
 func TestPayloadAndSignature(t *testing.T) {

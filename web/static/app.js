@@ -17,7 +17,7 @@ const FIELD_HINT = { destination: 'destination-hint', days: 'days-hint', interes
 const TASK_ID = /^t_[A-Za-z0-9_-]{1,200}$/;
 const TASK_STATUSES = ['queued', 'running', 'succeeded', 'failed'];
 const STEP_KINDS = ['model', 'tool'];
-const STEP_STATUSES = ['started', 'ok', 'failed', 'cached'];
+const STEP_STATUSES = ['started', 'ok', 'failed', 'cached', 'degraded'];
 const SAFE_CODE = /^[a-z0-9_]{1,64}$/;
 // A plan's language as a lang attribute; anything else is not trusted.
 const LANG_TAG = /^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2}$/;

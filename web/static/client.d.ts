@@ -110,7 +110,7 @@ export interface Step {
   seq: number;
   kind: 'model' | 'tool';
   name: string;
-  status: 'started' | 'ok' | 'failed' | 'cached';
+  status: 'started' | 'ok' | 'failed' | 'cached' | 'degraded';
   duration_ms: number;
   detail?: string;
 }
