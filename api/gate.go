@@ -170,6 +170,7 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 			d, err := s.d.Limiter.Gate(ctx, req)
 			release()
 			if err == nil {
+				s.deps.redis.ok()
 				err = d.Err()
 			}
 			end(err)

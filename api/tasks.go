@@ -88,6 +88,9 @@ func (s *server) handleCreateTask() http.Handler {
 			vctx, end := s.span(ctx, "gate.turnstile")
 			err = end(s.d.Verifier.Verify(vctx, req.Token, st.visitor.RemoteIP()))
 			s.m.siteverify.WithLabelValues(verifyOutcome(err)).Observe(time.Since(start).Seconds())
+			if err == nil || errors.Is(err, turnstile.ErrRejected) {
+				s.deps.turnstile.ok() // siteverify answered
+			}
 			if err != nil {
 				if errors.Is(err, turnstile.ErrRejected) {
 					s.failedCheck(r, st)
