@@ -16,7 +16,7 @@ import (
 // requests a route serves (others are 404 or 405 whatever their headers)
 // the body's shape from its headers and the principal (a bad key is 401);
 // then per route the request window and the AITF scorer. POST /api/tasks
-// runs its own further checks in order (tasks.go). The routes sit in one
+// runs its own list of checks in order (admission.go). The routes sit in one
 // flat tree: a request is routed once (a mounted sub-router would route it
 // twice).
 func (s *server) router() http.Handler {
@@ -38,9 +38,8 @@ func (s *server) router() http.Handler {
 		r.Method(http.MethodGet, "/api/client.d.ts", s.d.Client)
 	}
 
-	// POST /api/tasks refuses from memory before the window (tasks.go),
-	// and scores AITF only once its cheap refusals are behind it.
-	r.With(s.remembered, s.deadline, s.window(true), s.aitfScore).Method(http.MethodPost, "/api/tasks", s.handleCreateTask())
+	// POST /api/tasks is its list of checks, in order (admission.go).
+	r.Method(http.MethodPost, "/api/tasks", s.admit(s.createChecks(), s.storeAndAnswer))
 
 	read := r.With(s.deadline, s.window(false), s.aitfScore, s.aitfDelay)
 	read.Method(http.MethodGet, "/api/config", s.handleConfig())
