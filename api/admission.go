@@ -136,7 +136,9 @@ func (s *server) admissionOrder() []string {
 // an admission.
 func (s *server) admit(list []check, tail func(*admission)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a := &admission{w: w, r: r, st: stateOf(r), list: list, tail: tail}
+		st := stateOf(r)
+		st.adm = admission{w: w, r: r, st: st, list: list, tail: tail}
+		a := &st.adm
 		defer func() {
 			for i := len(a.cleanup) - 1; i >= 0; i-- {
 				a.cleanup[i]()

@@ -46,9 +46,11 @@ type state struct {
 	span trace.SpanContext
 
 	// Allocated with the state, so a request costs one allocation for all
-	// three: the response recorder and the X-Request-Id header value.
+	// of them: the response recorder, the X-Request-Id header value, and
+	// a creation's admission.
 	rec   recorder
 	idHdr [1]string
+	adm   admission
 }
 
 type stateKey struct{}

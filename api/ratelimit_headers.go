@@ -93,10 +93,11 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 	case CodeIPLimit, CodeGlobalLimit, CodeKeyDailyLimit:
 		q := st.tier.TasksPerDay
 		if le, ok := err.(*quota.LimitError); ok {
-			// The refusal path's own error: no chain to walk.
+			// The refusal path's own error: no chain to walk (and no
+			// allocation for errors.As's target).
 			q = le.Limit
-		} else if errors.As(err, &le) {
-			q = le.Limit
+		} else if l, ok := wrappedLimit(err); ok {
+			q = l
 		} else if code == CodeGlobalLimit {
 			q = s.d.Limits.GlobalDailyTasks
 		}
@@ -120,6 +121,15 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 	case CodeTooManyStreams:
 		setRateLimit(h, rlItem{name: policyStreams, q: int64(s.d.Limits.StreamsPerPrincipal), unit: unitConcurrent, t: secs})
 	}
+}
+
+// wrappedLimit is the limit of a quota refusal deeper in err's chain.
+func wrappedLimit(err error) (int64, bool) {
+	var le *quota.LimitError
+	if errors.As(err, &le) {
+		return le.Limit, true
+	}
+	return 0, false
 }
 
 // budgetQuota names the policy of a refusing budget scope and its daily
