@@ -29,14 +29,16 @@ import (
 // (the error table picks status and code); it never writes the answer.
 //
 // Reuse by other routes: a check reads only the admission, so a route with
-// another body builds its own list from the pieces that apply to it and
-// its own tail, and runs them with the same loop (s.admit). The /v1 model
-// routes of bring-your-own-agent take the principal from the key (the
-// principal middleware, gate.go), and would list checkBudget (can the
-// principal, its tier and the site afford the call: s.affordable with the
-// call's own size in place of MinRunTokens) and checkPacing (the
-// principal's tokens-per-minute bucket), skipping what the contract says
-// /v1 skips (window, AITF, Turnstile, the daily task limits).
+// another body builds its own list from the pieces that apply to it, and
+// its own tail, and runs them with the same loop (s.admit). The pieces a
+// check wraps take the request's state and their sizes as arguments, so a
+// route whose unit is not "one minimal run" calls them with its own: the
+// /v1 model routes of bring-your-own-agent take the principal from the key
+// (the principal middleware, gate.go), then list a budget check calling
+// s.affordable and a pacing check calling s.paced with the call's
+// reservation (checkBudget and checkPacing pass MinRunTokens), and leave
+// out what the contract says /v1 skips (window, AITF, Turnstile, the daily
+// task limits, the plan cache).
 
 // check is one named step of an admission.
 type check struct {
@@ -316,19 +318,28 @@ func (s *server) checkModelHealth(a *admission) error {
 
 // checkBudget: can the principal, its tier and the site afford one
 // minimal run, in tokens and in money.
-func (s *server) checkBudget(a *admission) error { return s.affordable(a.r.Context(), a.st) }
+func (s *server) checkBudget(a *admission) error {
+	return s.affordable(a.r.Context(), a.st, s.d.MinRunTokens, s.d.MinRunCost)
+}
 
 // checkPacing: the tier's tokens-per-minute bucket must hold one minimal
 // run.
 func (s *server) checkPacing(a *admission) error {
-	tpm := a.st.tier.TokensPerMinute
+	return s.paced(a.r.Context(), a.st, s.d.MinRunTokens)
+}
+
+// paced refuses while the principal's tokens-per-minute bucket cannot hold
+// need tokens (no bucket: never). Admission asks for one minimal run; a
+// route that governs one model call would ask for that call's reservation.
+func (s *server) paced(ctx context.Context, st *state, need int64) error {
+	tpm := st.tier.TokensPerMinute
 	if tpm <= 0 {
 		return nil
 	}
-	ok, wait, err := s.d.Limiter.Peek(a.r.Context(), a.st.principal.Scope(), tpm, s.d.MinRunTokens)
+	ok, wait, err := s.d.Limiter.Peek(ctx, st.principal.Scope(), tpm, need)
 	switch {
 	case errors.Is(err, ratelimit.ErrTooLarge):
-		// The tier's bucket can never hold one run: a policy mistake,
+		// The tier's bucket can never hold need: a policy mistake,
 		// answered as the refusal it amounts to.
 		return &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: time.Minute}
 	case err != nil:

@@ -86,8 +86,9 @@ func (s *server) deadline(next http.Handler) http.Handler {
 func isAPI(path string) bool { return path == "/api" || strings.HasPrefix(path, "/api/") }
 
 // apiOnly applies the middleware (nil ones skipped), in order, to /api
-// paths only: before routing, so a CORS preflight or a bad key is answered
-// whatever the method and path.
+// paths only: before routing, so a CORS preflight is answered whatever the
+// method and path (and a bad key whatever the route's method, once
+// routedOnly has found that the route exists).
 func (s *server) apiOnly(mws ...func(http.Handler) http.Handler) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		api := next

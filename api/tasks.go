@@ -82,9 +82,11 @@ func (s *server) tierTokens(t Tier) int64 {
 	return max(int64(math.Floor(t.MaxSiteShare*float64(s.d.Limits.SiteDailyTokens))), 1)
 }
 
-// affordable is the admission's budget check: can the principal, its tier
-// and the site afford one minimal run, in tokens and in money.
-func (s *server) affordable(ctx context.Context, st *state) error {
+// affordable asks the budget whether the principal, its tier and the site
+// can afford tokens and costMicro (money micro-units) today. Admission asks
+// for one minimal run (checkBudget); a route that governs one model call
+// would ask for that call's reservation.
+func (s *server) affordable(ctx context.Context, st *state, tokens, costMicro int64) error {
 	if s.d.Budget == nil {
 		return nil
 	}
@@ -96,7 +98,7 @@ func (s *server) affordable(ctx context.Context, st *state) error {
 	ctx, end := s.span(ctx, "gate.budget")
 	return end(s.d.Budget.CanAfford(ctx, budget.AffordRequest{
 		Day: quota.Day(s.d.Now()), Principal: st.principal.Account(), PrincipalLimit: st.tier.TokensPerDay,
-		Tier: tier, TierLimit: tierTokens, Tokens: s.d.MinRunTokens, CostMicro: s.d.MinRunCost,
+		Tier: tier, TierLimit: tierTokens, Tokens: tokens, CostMicro: costMicro,
 	}))
 }
 
