@@ -1,13 +1,20 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"faregate/protect/budget"
+	"faregate/protect/plancache"
+	"faregate/protect/turnstile"
 )
 
 // admissionReadme finds the numbered list under "How a task is admitted" in
@@ -114,5 +121,93 @@ func TestAdmissionChecks(t *testing.T) {
 	}
 	if !slices.Equal(fallbacks, []string{"model health", "token and money budget"}) {
 		t.Errorf("fallbacks %v", fallbacks)
+	}
+}
+
+// countingLimiter records failed checks.
+type countingLimiter struct {
+	Limiter
+	failed int
+}
+
+func (l *countingLimiter) RecordFailedCheck(context.Context, string, string, int64) (int64, time.Duration, error) {
+	l.failed++
+	return 1, 0, nil
+}
+
+// onePlan has a plan for every request.
+type onePlan struct{}
+
+func (onePlan) Get(context.Context, plancache.Request) (plancache.Plan, bool, error) {
+	return plancache.Plan{Result: []byte(`{"summary":"cached"}`)}, true, nil
+}
+
+// TestAdmissionLoop: the loop runs the checks in order and stops at the
+// first refusal, answering it once (nothing later runs); a 400 or 403
+// counts as a failed check and other refusals do not; a public check is
+// skipped for a key; a cached plan resumes at the counting script; a check
+// whose client left is not answered.
+func TestAdmissionLoop(t *testing.T) {
+	lim := &countingLimiter{}
+	s := &server{d: Deps{Limiter: lim, Limits: Limits{FailedChecksPerHour: 20}, PlanCache: onePlan{}, PlanCacheMode: plancache.ModeFallback},
+		errors: newErrorTable(errorRows())}
+	var ran []string
+	step := func(name string, err error) func(*admission) error {
+		return func(*admission) error { ran = append(ran, name); return err }
+	}
+	serve := func(kind string, list []check) (*httptest.ResponseRecorder, bool) {
+		ran = nil
+		st := &state{id: "req-1", principal: Principal{Kind: kind, ID: "abc"}}
+		r := httptest.NewRequest("POST", "/api/tasks", nil)
+		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+		w := httptest.NewRecorder()
+		tailed := false
+		s.admit(list, func(a *admission) { tailed = true; ran = append(ran, "tail") }).ServeHTTP(w, r)
+		return w, tailed
+	}
+
+	for _, tc := range []struct {
+		name   string
+		kind   string
+		list   []check
+		ran    []string
+		status int
+		failed int
+		tailed bool
+	}{
+		{"all pass", KindVisitor, []check{{name: "a", run: step("a", nil)}, {name: "b", run: step("b", nil)}},
+			[]string{"a", "b", "tail"}, 200, 0, true},
+		{"refusal stops the order", KindVisitor, []check{{name: "a", run: step("a", nil)},
+			{name: "b", run: step("b", &retryError{ErrServerBusy, time.Second})}, {name: "c", run: step("c", nil)}},
+			[]string{"a", "b"}, 503, 0, false},
+		{"400 is a failed check", KindVisitor, []check{{name: "a", run: step("a", invalid("days", "no"))}},
+			[]string{"a"}, 400, 1, false},
+		{"403 is a failed check", KindVisitor, []check{{name: "a", run: step("a", turnstile.ErrRejected)}},
+			[]string{"a"}, 403, 1, false},
+		{"a key skips the public lane", KindKey, []check{{name: "a", run: step("a", nil)},
+			{name: "turnstile", run: step("turnstile", turnstile.ErrRejected), public: true}, {name: "c", run: step("c", nil)}},
+			[]string{"a", "c", "tail"}, 200, 0, true},
+		{"a cached plan resumes at the count", KindVisitor, []check{{name: "cache", run: step("cache", errServeCached)},
+			{name: "budget", run: step("budget", nil)}, {name: "count", run: step("count", nil), resume: true}},
+			[]string{"cache", "count", "tail"}, 200, 0, true},
+		{"a fallback refusal answered by a cached plan", KindVisitor, []check{{name: "budget", run: step("budget", budget.ErrExhausted), fallback: budget.ErrExhausted},
+			{name: "pacing", run: step("pacing", nil)}, {name: "count", run: step("count", nil), resume: true}},
+			[]string{"budget", "count", "tail"}, 200, 0, true},
+		{"another refusal of a fallback check is not", KindVisitor, []check{{name: "budget", run: step("budget", budget.ErrUnavailable), fallback: budget.ErrExhausted},
+			{name: "count", run: step("count", nil), resume: true}},
+			[]string{"budget"}, 503, 0, false},
+		{"client gone", KindVisitor, []check{{name: "a", run: step("a", errGone)}, {name: "b", run: step("b", nil)}},
+			[]string{"a"}, 200, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim.failed = 0
+			w, tailed := serve(tc.kind, tc.list)
+			if !slices.Equal(ran, tc.ran) || w.Code != tc.status || lim.failed != tc.failed || tailed != tc.tailed {
+				t.Fatalf("ran %v, %d, failed checks %d, tail %v; want %v, %d, %d, %v", ran, w.Code, lim.failed, tailed, tc.ran, tc.status, tc.failed, tc.tailed)
+			}
+			if tc.status >= 400 && strings.Count(w.Body.String(), `"error"`) != 1 {
+				t.Fatalf("answered %q", w.Body.String())
+			}
+		})
 	}
 }
