@@ -46,9 +46,11 @@ type state struct {
 	span trace.SpanContext
 
 	// Allocated with the state, so a request costs one allocation for all
-	// three: the response recorder and the X-Request-Id header value.
+	// of them: the response recorder, the X-Request-Id header value, and
+	// a creation's admission.
 	rec   recorder
 	idHdr [1]string
+	adm   admission
 }
 
 type stateKey struct{}
@@ -204,9 +206,11 @@ func (s *server) visitor(r *http.Request) (clientip.Visitor, error) {
 }
 
 // finish recovers a panic into a 500, then counts and logs the request.
-// Logging follows one rule: a refused request (4xx) writes no line of its
-// own at the default level (the summary counts it); successful reads log at
-// debug; admissions and every 5xx log one line.
+// Logging follows one rule: a refused request writes no line of its own at
+// the default level (the summary counts it), 4xx and the 5xx that shed load
+// or report an outage alike (summarised); an outage writes one line when
+// its dependency's state changes (dependencies); successful reads log at
+// debug; admissions, internal errors and any other 5xx log one line each.
 func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 	if v := recover(); v != nil {
 		if v == http.ErrAbortHandler {
@@ -226,10 +230,13 @@ func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 
 	lg := s.d.Logger
 	switch {
-	case st.status >= 500:
+	case st.status >= 500 && !summarised(st.code):
 		s.m.denials.WithLabelValues(st.code).Inc()
 		lg.LogAttrs(context.Background(), slog.LevelWarn, "request failed", s.accessAttrs(r, st, route, took)...)
 	case st.status >= 400:
+		if dep := s.deps.failedBy(st.err); dep != nil && st.status >= 500 {
+			dep.failed(st, st.err)
+		}
 		s.m.denials.WithLabelValues(st.code).Inc()
 		var buf [80]byte
 		s.summary.add(st.code, st.appendPrincipal(buf[:0]))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -197,6 +198,10 @@ type server struct {
 	inflight *inflight
 	ready    *readiness
 	routes   routeNames
+	// deps logs the state changes of Redis and siteverify.
+	deps dependencies
+	// routeCtxs holds scratch route contexts (routable).
+	routeCtxs sync.Pool
 }
 
 // NewServer returns the HTTP API.
@@ -220,6 +225,7 @@ func NewServer(d Deps) *Server {
 		limited:  newMemo(200_000, d.Now),
 		inflight: newInflight(inflightPerPrincipal),
 		ready:    &readiness{probe: d.Ready, now: d.Now},
+		deps:     newDependencies(d.Limits.SummaryInterval, d.Now, d.Logger),
 	}
 	s.m.streams(d.Registry, s.streams)
 	return &Server{h: s.router(), s: s}

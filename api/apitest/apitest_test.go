@@ -99,6 +99,8 @@ func TestCheck(t *testing.T) {
 		{"unknown task", "GET", "/api/tasks/t_nope", 404, hdr(), errBody("task_not_found"), nil, true},
 		{"event stream", "GET", "/api/tasks/" + taskID + "/events", 200, hdr("Content-Type", "text/event-stream; charset=utf-8"), "", nil, true},
 		{"stream refused", "GET", "/api/tasks/" + taskID + "/events", 429, hdr("Retry-After", "5"), errBody("too_many_streams"), nil, true},
+		{"stream refused by its policy", "GET", "/api/tasks/" + taskID + "/events", 429, hdr("Retry-After", "5", "RateLimit-Policy", `"streams";q=4;qu="concurrent-requests"`, "RateLimit", `"streams";r=0;t=5`), errBody("too_many_streams"), nil, true},
+		{"failed checks by their policy", "POST", "/api/tasks", 429, hdr("Retry-After", "1800", "RateLimit-Policy", `"failed";q=20;w=3600`, "RateLimit", `"failed";r=0;t=1800`), errBody("too_many_failed_checks"), nil, true},
 		{"streams exhausted", "GET", "/api/tasks/" + taskID + "/events", 503, hdr("Retry-After", "5"), errBody("server_busy"), nil, true},
 		{"window", "GET", "/api/config", 429, hdr("Retry-After", "12", "RateLimit-Policy", `"rpm";q=120;w=60`, "RateLimit", `"rpm";r=0;t=12`), errBody("rate_limited"), nil, true},
 		{"config", "GET", "/api/config", 200, hdr(), config, nil, true},

@@ -88,11 +88,11 @@ export interface RateLimitItem {
   reset?: number;
   /** q: the quota. */
   quota?: number;
-  /** w: the window in seconds. */
+  /** w: the window in seconds (absent for "streams", a limit on streams open at once). */
   window?: number;
 }
 
-/** By policy name: "daily" (tasks per day), "budget" (tokens per day), "rpm", "tpm". */
+/** By policy name: "daily" (tasks per day), "budget" (tokens per day), "spend", "rpm", "tpm", "failed" (failed checks per hour), "anomaly", "streams". */
 export type RateLimits = Record<string, RateLimitItem>;
 
 /** The 202 answer of createTask. */
