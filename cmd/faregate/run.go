@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -181,45 +182,16 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Dedupe: alert.RedisDeduper(rdb), Logger: lg, Registerer: reg})
 	a.closers = append(a.closers, a.alerts.Close)
 
-	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
-		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
-	a.policies, err = policy.NewStore(policy.Options{
-		Path: cfg.PolicyFile, Defaults: public, Reload: a.hup, Logger: lg, Registerer: reg,
-		OnError: func(err error) {
-			a.alerts.Notify(alert.Alert{Event: alert.PolicyReloadFailed, Scope: "policy", Severity: alert.Warning,
-				Text: "The policy file could not be reloaded; the last good policy stays in force: " + err.Error()})
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("FAREGATE_POLICY_FILE: %w", err)
-	}
-
 	models, err := buildModels(cfg, lg, reg, a.alerts.Notify)
 	if err != nil {
 		return nil, err
 	}
-	prices := cfg.prices
-	for name, p := range a.policies.Current().Prices() {
-		// The policy file's prices win over FAREGATE_MODEL_PRICES.
-		if prices == nil {
-			prices = budget.Prices{}
-		}
-		prices[name] = budget.Price{InputMicroPerMTok: p.InputMicroPerMTok, OutputMicroPerMTok: p.OutputMicroPerMTok}
-	}
-	if cfg.spendMicro > 0 {
-		names := []string{models.Primary.Name}
-		if models.Fallback != nil {
-			names = append(names, models.Fallback.Name)
-		}
-		if err := prices.Check(names...); err != nil {
-			return nil, fmt.Errorf("FAREGATE_DAILY_SPEND_LIMIT is set, so every model needs a price (FAREGATE_MODEL_PRICES or models: in the policy file): %w", err)
-		}
-	}
-
 	q := quota.New(rdb, nil)
+	// Priced from FAREGATE_MODEL_PRICES until the policy is loaded below;
+	// the policy file's prices are set over them, at start and on reload.
 	bud := budget.New(rdb, budget.Options{
 		Limits: budget.Limits{Site: cfg.DailyTokenBudget, Principal: cfg.IPDailyTokens, Task: cfg.TaskTokenLimit, SpendMicro: cfg.spendMicro},
-		Prices: prices,
+		Prices: cfg.prices,
 		// A reservation outlives the longest call it can cover, then is given back.
 		ReservationTTL: cfg.AgentTimeout + cfg.LLMTimeout + time.Minute,
 		Registerer:     reg,
@@ -238,6 +210,29 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Alert: a.alerts.Notify, Logger: lg, Estimate: estimator(models), Registerer: reg,
 		Tracer: tracerFor(tp, "faregate/agent"),
 	})
+	minimal := newMinRun(models, wf.MinRunTokens(), cfg.LLMMaxTokens)
+	// Reported together with the policy's problems below.
+	tooSmall := minimal.checkEnv(cfg)
+
+	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
+		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
+	a.policies, err = policy.NewStore(policy.Options{
+		Path: cfg.PolicyFile, Defaults: public, Reload: a.hup, Logger: lg, Registerer: reg,
+		Check: func(p *policy.Policy) error { return minimal.checkPolicy(cfg, p) },
+		// The file's prices are in force for the next call after a reload.
+		OnChange: func(_, p *policy.Policy) { bud.SetPrices(mergedPrices(cfg.prices, p)) },
+		OnError: func(err error) {
+			a.alerts.Notify(alert.Alert{Event: alert.PolicyReloadFailed, Scope: "policy", Severity: alert.Warning,
+				Text: "The policy file could not be reloaded; the last good policy stays in force: " + err.Error()})
+		},
+	})
+	if err != nil && cfg.PolicyFile != "" {
+		err = fmt.Errorf("FAREGATE_POLICY_FILE: %w", err)
+	}
+	if err := errors.Join(tooSmall, err); err != nil {
+		return nil, err
+	}
+	bud.SetPrices(mergedPrices(cfg.prices, a.policies.Current()))
 
 	store := taskstore.New(rdb)
 	// Followers read the task's record through the readers' pool as well:
@@ -293,10 +288,10 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	prober := &prober{rdb: rdb, now: time.Now, warn: func(msg string) { fmt.Fprintln(stdout, msg); lg.Error(msg) }}
 	srv = api.NewServer(api.Deps{
 		Logger: lg, Visitors: visitors, Verifier: verifier, Quota: q, Limiter: limiter,
-		Budget:    admissionBudget{Budget: bud, notify: a.alerts.Notify},
+		Budget:    admissionBudget{Budget: bud, notify: a.alerts.Notify, runCost: func() int64 { return minimal.costAt(bud) }},
 		Policy:    func() api.Policy { return policyView{a.policies.Current()} },
 		PlanCache: cache, PlanCacheMode: cfg.cacheMode,
-		MinRunTokens: wf.MinRunTokens(), MinRunCost: minRunCost(bud, models, wf.MinRunTokens(), cfg.LLMMaxTokens),
+		MinRunTokens: minimal.tokens, MinRunCost: minimal.costAt(bud),
 		Models: models, Tasks: a.runner, Store: store, Events: a.hub, AITF: guard,
 		Web: webHandler, Client: web.Client(), OpenAPI: api.OpenAPIDocument(), CORS: corsMW,
 		Ready: prober.probe,
@@ -315,6 +310,10 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Tracer: tracerFor(tp, "faregate/api"),
 	})
 	a.server = srv
+	// A reload that raises a limit clears the denials it made wrong.
+	a.policies.Subscribe(func(old, p *policy.Policy) {
+		srv.ForgetDenials(slices.Contains(p.RaisedTiers(old), policy.PublicTier), p.RaisedKeys(old))
+	})
 	return a, nil
 }
 
@@ -356,15 +355,6 @@ func openaiTools(defs []chat.ToolDef) []map[string]any {
 			"name": d.Name, "description": d.Description, "parameters": d.Parameters}}
 	}
 	return out
-}
-
-// minRunCost is the money one minimal run reserves, on the primary model.
-func minRunCost(b *budget.Budget, models *agent.Models, minTokens int64, maxTokens int) int64 {
-	c, err := b.Cost(models.Next(false).Name, minTokens-int64(maxTokens), int64(maxTokens))
-	if err != nil {
-		return 0
-	}
-	return c
 }
 
 // cachePlans stores every succeeded plan without warnings for the plan
