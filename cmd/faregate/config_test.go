@@ -234,7 +234,7 @@ func TestConfigRefusesWhatOnlyFailedLater(t *testing.T) {
 		}
 	}
 	// Through the binary: the bad port is refused before anything listens.
-	err, _ := startErr(t, map[string]string{"FAREGATE_ADDR": "127.0.0.1:notaport"})
+	_, err := startErr(t, map[string]string{"FAREGATE_ADDR": "127.0.0.1:notaport"})
 	if err == nil || !strings.Contains(err.Error(), "FAREGATE_ADDR") || strings.Contains(err.Error(), "listen ") {
 		t.Fatalf("run with FAREGATE_ADDR=127.0.0.1:notaport: %v", err)
 	}

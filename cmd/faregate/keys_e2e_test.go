@@ -335,7 +335,7 @@ func TestKeyTokenBucketTooSmall(t *testing.T) {
 	pf := newPolicyFile(t, tier(100))
 	env := map[string]string{"FAREGATE_POLICY_FILE": pf.Path}
 	need := minRunTokens(t, env)
-	err, _ := startErr(t, env)
+	_, err := startErr(t, env)
 	want := fmt.Sprintf("tier trickle: tokens_per_minute 100 can never hold one run (a bucket holds twice its rate): one minimal run reserves %d tokens", need)
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("want at least %d", (need+1)/2)) {
 		t.Fatalf("run = %v\nwant it to contain %q and the minimum %d", err, want, (need+1)/2)

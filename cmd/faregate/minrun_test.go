@@ -13,9 +13,9 @@ import (
 // bucket too small for one minimal run refuses to start, naming the
 // variable and the minimum; the minimum is exact (it starts and admits).
 
-// startErr runs faregate on env and returns run's error and output; it
+// startErr runs faregate on env and returns its output and run's error; it
 // fails the test when the server listened.
-func startErr(t *testing.T, env map[string]string) (error, string) {
+func startErr(t *testing.T, env map[string]string) (string, error) {
 	t.Helper()
 	env = mergeEnv(map[string]string{"FAREGATE_ADDR": "127.0.0.1:0"}, env)
 	var out syncBuffer
@@ -25,7 +25,7 @@ func startErr(t *testing.T, env map[string]string) (error, string) {
 	if strings.Contains(out.String(), "listening on") {
 		t.Fatalf("%v: it listened:\n%s", env, out.String())
 	}
-	return err, out.String()
+	return out.String(), err
 }
 
 var wantAtLeast = regexp.MustCompile(`want at least (\d+)`)
@@ -60,7 +60,7 @@ func minimumIn(t *testing.T, err error, variable string) int64 {
 // model budget is used up" and a budget_exhausted alert, nothing spent.
 func TestStartRefusesBudgetsThatCanNeverHoldOneRun(t *testing.T) {
 	base := map[string]string{"FAREGATE_LLM_MAX_TOKENS": "200"}
-	err, _ := startErr(t, mergeEnv(base, map[string]string{"FAREGATE_DAILY_TOKEN_BUDGET": "1000",
+	_, err := startErr(t, mergeEnv(base, map[string]string{"FAREGATE_DAILY_TOKEN_BUDGET": "1000",
 		"FAREGATE_TASK_TOKEN_LIMIT": "999", "FAREGATE_IP_DAILY_TOKENS": "998", "FAREGATE_SITE_TOKENS_PER_MINUTE": "500"}))
 	site := minimumIn(t, err, "FAREGATE_DAILY_TOKEN_BUDGET")
 	if need := minRunTokens(t, base); site != need {
@@ -79,7 +79,7 @@ func TestStartRefusesBudgetsThatCanNeverHoldOneRun(t *testing.T) {
 
 	// One token short of the minimum: still refused; at it: starts and admits.
 	n := strconv.FormatInt(site, 10)
-	if err, _ := startErr(t, mergeEnv(base, map[string]string{"FAREGATE_DAILY_TOKEN_BUDGET": strconv.FormatInt(site-1, 10)})); err == nil {
+	if _, err := startErr(t, mergeEnv(base, map[string]string{"FAREGATE_DAILY_TOKEN_BUDGET": strconv.FormatInt(site-1, 10)})); err == nil {
 		t.Fatal("one token below the minimum started")
 	}
 	s := startServer(t, mergeEnv(base, map[string]string{"FAREGATE_DAILY_TOKEN_BUDGET": n, "FAREGATE_TASK_TOKEN_LIMIT": n,
@@ -102,7 +102,7 @@ func TestStartRefusesTiersThatCanNeverHoldOneRun(t *testing.T) {
 		"  slow: {tasks_per_day: 10, tokens_per_day: 100000, tokens_per_minute: 100, requests_per_minute: 60}\n"+
 		"  thin: {tasks_per_day: 10, tokens_per_day: 100000, requests_per_minute: 60, max_site_share: 0.001}\n"+
 		"keys:\n"+acme.line("small"))
-	err, _ := startErr(t, mergeEnv(base, map[string]string{"FAREGATE_POLICY_FILE": pf.Path}))
+	_, err := startErr(t, mergeEnv(base, map[string]string{"FAREGATE_POLICY_FILE": pf.Path}))
 	if err == nil {
 		t.Fatal("started with tiers that can never hold one run")
 	}
@@ -134,7 +134,7 @@ func TestStartRefusesTiersThatCanNeverHoldOneRun(t *testing.T) {
 	}
 
 	// Money: 0.000001 a day cannot pay one run at 10 per million tokens.
-	err, _ = startErr(t, mergeEnv(base, map[string]string{"FAREGATE_MODEL_PRICES": "offline-demo-planner=10/10", "FAREGATE_DAILY_SPEND_LIMIT": "0.000001"}))
+	_, err = startErr(t, mergeEnv(base, map[string]string{"FAREGATE_MODEL_PRICES": "offline-demo-planner=10/10", "FAREGATE_DAILY_SPEND_LIMIT": "0.000001"}))
 	if err == nil || !strings.Contains(err.Error(), "FAREGATE_DAILY_SPEND_LIMIT=0.000001 can never hold one run") {
 		t.Fatalf("spend limit below one run's cost: %v", err)
 	}

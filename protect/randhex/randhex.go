@@ -20,13 +20,11 @@ func New(n int) string {
 		return ""
 	}
 	var stack [64]byte
-	raw, out := stack[:0], []byte(nil)
-	if 3*n <= len(stack) {
-		raw, out = stack[:n], stack[n:3*n]
-	} else {
-		buf := make([]byte, 3*n)
-		raw, out = buf[:n], buf[n:]
+	buf := stack[:]
+	if 3*n > len(stack) {
+		buf = make([]byte, 3*n)
 	}
+	raw, out := buf[:n], buf[n:3*n]
 	// crypto/rand.Read never returns an error since Go 1.24: it stops the
 	// program itself when the system has no randomness to give.
 	_, _ = rand.Read(raw)
