@@ -24,6 +24,7 @@ import (
 	"faregate/agent/tools"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/pause"
 	"faregate/protect/ratelimit"
 	"faregate/protect/tracing"
 )
@@ -167,17 +168,9 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 	return w
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// sleep waits d or until ctx ends. It stays only for runner.go's three
+// calls (that file is being changed elsewhere); new code calls pause.For.
+func sleep(ctx context.Context, d time.Duration) error { return pause.For(ctx, d) }
 
 // Models returns the workflow's model router (for health and config).
 func (w *Workflow) Models() *Models { return w.d.Models }

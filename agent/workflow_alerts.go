@@ -81,9 +81,19 @@ func (r *run) alertWarnings(events []budget.ScopeEvent) {
 	for _, e := range events {
 		scope := r.scopeName(e.Scope, e.Name)
 		r.alert(alert.Alert{Event: alert.BudgetWarning, Scope: scope, Severity: alert.Warning,
-			Text:    fmt.Sprintf("%s has used 80%% of its daily budget: %d of %d %s", scope, e.Used, e.Limit, unit(e.Scope)),
+			Text:    fmt.Sprintf("%s has used %s of its daily budget: %d of %d %s", scope, share(e.Used, e.Limit), e.Used, e.Limit, unit(e.Scope)),
 			Details: map[string]any{"scope": string(e.Scope), "used": e.Used, "limit": e.Limit, "unit": unit(e.Scope)}})
 	}
+}
+
+// share is used as a whole percentage of limit, rounded down: the real
+// share, which one overage can take far past the 80% that raised the
+// warning. Computed in floating point, so no provider number overflows it.
+func share(used, limit int64) string {
+	if limit <= 0 {
+		return "all"
+	}
+	return fmt.Sprintf("%.0f%%", math.Floor(float64(used)/float64(limit)*100))
 }
 
 // alertExhausted raises budget_exhausted on a scope's first refusal of the

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
+	"faregate/protect/randhex"
 	"faregate/protect/ratelimit"
 )
 
@@ -85,21 +85,8 @@ func validRequestID(s string) bool {
 }
 
 // newRequestID is 96 random bits in hex. It names a request in logs and
-// answers; it is no secret, so the fast generator serves.
-func newRequestID() string {
-	var b [24]byte
-	const hexd = "0123456789abcdef"
-	x, y := rand.Uint64(), rand.Uint32()
-	for i := 0; i < 16; i++ {
-		b[i] = hexd[x&0xf]
-		x >>= 4
-	}
-	for i := 16; i < 24; i++ {
-		b[i] = hexd[y&0xf]
-		y >>= 4
-	}
-	return string(b[:])
-}
+// answers.
+func newRequestID() string { return randhex.New(12) }
 
 // recorder remembers the status and size for the access log and metrics,
 // and still lets SSE flush (Unwrap reaches the connection's writer).

@@ -157,6 +157,11 @@ type Deps struct {
 	Store                    TaskStore
 	Events                   Follower
 	AITF                     *aitf.Guard
+	// AITFOptions, when AITF is nil, are the AITF guard's settings: the
+	// server builds the guard itself, filling in its refusal, the
+	// observe-mode count, the visitor key, the route label and the body
+	// limit (aitfguard.go).
+	AITFOptions *aitf.Options
 	// Web serves the page at / (nil: no page); Client serves the typed
 	// client module at /api/client.js and its types.
 	Web, Client http.Handler
@@ -227,6 +232,9 @@ func NewServer(d Deps) *Server {
 		ready:    &readiness{probe: d.Ready, now: d.Now},
 		deps:     newDependencies(d.Limits.SummaryInterval, d.Now, d.Logger),
 	}
+	if d.AITF == nil && d.AITFOptions != nil {
+		s.d.AITF = s.newAITF(*d.AITFOptions)
+	}
 	s.m.streams(d.Registry, s.streams)
 	return &Server{h: s.router(), s: s}
 }
@@ -245,7 +253,7 @@ func (srv *Server) Observed(*http.Request, aitf.Result) { srv.s.summary.note("ai
 
 // RefuseAITF answers 503 aitf_queue_full (the AITF guard's Refuse).
 func (srv *Server) RefuseAITF(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
-	srv.s.writeErr(w, r, &retryError{aitf.ErrQueueFull, retryAfter})
+	srv.s.refuseAITF(w, r, retryAfter)
 }
 
 // PrincipalScope names a request's principal for the AITF behaviour memory

@@ -5,12 +5,12 @@
 package task
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strings"
 	"time"
+
+	"faregate/protect/randhex"
 )
 
 // Task statuses.
@@ -205,15 +205,7 @@ type Event struct {
 var ErrNotFound = errors.New("task: not found")
 
 // NewID returns "t_" and 32 hex digits: 128 random bits, unguessable.
-func NewID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		// crypto/rand does not fail on supported platforms; a predictable id
-		// would be worse than stopping.
-		panic("task: crypto/rand: " + err.Error())
-	}
-	return "t_" + hex.EncodeToString(b[:])
-}
+func NewID() string { return "t_" + randhex.New(16) }
 
 // ValidID reports whether id has NewID's shape, so malformed ids are
 // answered without touching a store.

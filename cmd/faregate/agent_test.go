@@ -362,9 +362,16 @@ func TestEndlessStreamIsCut(t *testing.T) {
 
 // TestBudgetRefusalBeforeQuota: a visitor who cannot afford one minimal run
 // is refused with demo_budget_exhausted and the task quota does not move.
+// The site's budget is exactly one run (a smaller one refuses to start),
+// and one token of it is already spent.
 func TestBudgetRefusalBeforeQuota(t *testing.T) {
 	be := redistest.Real(t)
-	s := startServer(t, realRedisEnv(be.URL, map[string]string{"FAREGATE_IP_DAILY_TOKENS": "500"}))
+	env := realRedisEnv(be.URL, nil)
+	need := minRunTokens(t, env)
+	s := startServer(t, withEnv(env, "FAREGATE_DAILY_TOKEN_BUDGET", fmt.Sprint(need)))
+	if err := be.Client.HIncrBy(context.Background(), "faregate:budget:{"+utcToday()+"}:site", "settled", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
 	r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), nil)
 	if r.Status != 429 || r.code() != "demo_budget_exhausted" || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("%d %s", r.Status, r.Raw)

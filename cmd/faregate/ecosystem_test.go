@@ -136,7 +136,9 @@ func TestEnvExampleNamesEveryVariableInTheCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(inCode) < 60 {
+	// The config struct and its rule table name most variables without
+	// the prefix (added below); the rest of the code names about 35.
+	if len(inCode) < 25 {
 		t.Fatalf("only %d FAREGATE_ names found in the code: the walk is broken", len(inCode))
 	}
 	for n, file := range inCode {

@@ -43,6 +43,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"faregate/protect/pause"
 	"faregate/protect/promreg"
 )
 
@@ -213,7 +214,7 @@ func New(o Options) *Notifier {
 		queue:   make(chan queued, o.QueueSize),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
-		wait:    sleep,
+		wait:    pause.For,
 	}
 }
 
@@ -450,18 +451,6 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return max(t.Sub(now), 0)
 	}
 	return 0
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func (n *Notifier) count(event, outcome string) {

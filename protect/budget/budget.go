@@ -41,7 +41,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -177,7 +179,9 @@ type Options struct {
 type Budget struct {
 	rdb    redis.Scripter
 	limits Limits
-	prices Prices
+	// prices is replaced whole by SetPrices (a policy reload); a map in
+	// it is never written after it was stored.
+	prices atomic.Pointer[Prices]
 	ttl    time.Duration
 	now    func() time.Time
 	m      *metrics
@@ -204,8 +208,24 @@ func New(rdb redis.Scripter, o Options) *Budget {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Budget{rdb: rdb, limits: l, prices: o.Prices, ttl: o.ReservationTTL, now: o.Now,
+	b := &Budget{rdb: rdb, limits: l, ttl: o.ReservationTTL, now: o.Now,
 		m: newMetrics(o.Registerer, l.SpendMicro > 0)}
+	b.SetPrices(o.Prices)
+	return b
+}
+
+// SetPrices replaces the prices from the next Reserve, Settle or Cost on
+// (a policy reload). A reservation made before is settled at the new price:
+// the provider bills at the price of the moment it answers.
+func (b *Budget) SetPrices(ps Prices) {
+	ps = maps.Clone(ps)
+	b.prices.Store(&ps)
+}
+
+// price is model's price in force, if it has one.
+func (b *Budget) price(model string) (Price, bool) {
+	p, ok := (*b.prices.Load())[model]
+	return p, ok
 }
 
 // Limits returns the limits in force, defaults applied.
@@ -216,7 +236,7 @@ func (b *Budget) Limits() Limits { return b.limits }
 // spend limit is set (such a call must not be made). The admission check
 // uses it to fill AffordRequest.CostMicro.
 func (b *Budget) Cost(model string, prompt, completion int64) (int64, error) {
-	p, ok := b.prices[model]
+	p, ok := b.price(model)
 	if !ok {
 		if b.limits.SpendMicro > 0 {
 			return 0, fmt.Errorf("%w: %q while a daily spend limit is set", ErrUnpriced, model)
@@ -378,7 +398,7 @@ func (b *Budget) Settle(ctx context.Context, r Reservation, prompt, completion i
 	// An unpriced model could only have been reserved with the spend cap
 	// off, so it costs nothing here either.
 	var cost int64
-	if p, ok := b.prices[r.Model]; ok {
+	if p, ok := b.price(r.Model); ok {
 		cost = p.Cost(prompt, completion)
 	}
 	plimit := r.PrincipalLimit

@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/protect/memo"
+	"faregate/protect/randhex"
 )
 
 // KeyTTL is how long a day's counters live: long enough to outlast the day
@@ -233,17 +233,7 @@ func KeyKey(day, id string) string { return "faregate:quota:{" + day + "}:key:" 
 func attemptKey(day, id string) string { return "faregate:quota:{" + day + "}:att:" + id }
 
 // attemptID is 128 random bits in hex.
-func attemptID() string {
-	var b [32]byte
-	const hexd = "0123456789abcdef"
-	x, y := mrand.Uint64(), mrand.Uint64()
-	for i := 0; i < 16; i++ {
-		b[i], b[16+i] = hexd[x&0xf], hexd[y&0xf]
-		x >>= 4
-		y >>= 4
-	}
-	return string(b[:])
-}
+func attemptID() string { return randhex.New(16) }
 
 // UntilReset is the time from now to the next UTC midnight, at least 1s.
 func UntilReset(now time.Time) time.Duration {
