@@ -32,7 +32,7 @@ func TestImplausibleUsage(t *testing.T) {
 				implausible bool
 			}{
 				{"max int64 prompt", Call{PromptTokens: math.MaxInt64, CompletionTokens: 1}, 100, 100, true},
-				{"sum past int64", Call{PromptTokens: math.MaxInt64 / 2, CompletionTokens: math.MaxInt64 / 2 + 10}, 100, 100, true},
+				{"sum past int64", Call{PromptTokens: math.MaxInt64 / 2, CompletionTokens: math.MaxInt64/2 + 10}, 100, 100, true},
 				{"negative", Call{PromptTokens: -50000, CompletionTokens: -50000}, 100, 100, true},
 				{"unreadable, counted more", Call{Unreadable: true, Counted: 700, Raw: `{"prompt_tokens":1e999}`}, 100, 600, true},
 				{"counted past the ceiling", Call{PromptTokens: -1, Counted: 1 << 40}, 100, 900, true},
