@@ -47,6 +47,7 @@ type config struct {
 	LLMModel           string        `env:"LLM_MODEL"`
 	LLMLegacyMaxTokens bool          `env:"LLM_LEGACY_MAX_TOKENS" envDefault:"false"`
 	LLMMaxTokens       int           `env:"LLM_MAX_TOKENS" envDefault:"1024"`
+	LLMMaxCallTokens   int64         `env:"LLM_MAX_CALL_TOKENS" envDefault:"1000000"`
 	LLMTimeout         time.Duration `env:"LLM_TIMEOUT" envDefault:"60s"`
 	FallbackBaseURL    string        `env:"LLM_FALLBACK_BASE_URL"`
 	FallbackModel      string        `env:"LLM_FALLBACK_MODEL"`
@@ -272,6 +273,11 @@ func (c *config) validate() error {
 	}
 	if c.LLMMaxTokens < 16 || c.LLMMaxTokens > 1_000_000 {
 		bad("FAREGATE_LLM_MAX_TOKENS: want 16 to 1000000")
+	}
+	// The ceiling of one call's charge must hold at least a call's own
+	// output, or every honest report would count as implausible.
+	if c.LLMMaxCallTokens < int64(max(c.LLMMaxTokens, 16)) || c.LLMMaxCallTokens > 1<<40 {
+		bad("FAREGATE_LLM_MAX_CALL_TOKENS: want FAREGATE_LLM_MAX_TOKENS (%d) to %d", c.LLMMaxTokens, int64(1<<40))
 	}
 	if c.FallbackBaseURL != "" && c.FallbackModel == "" {
 		bad("FAREGATE_LLM_FALLBACK_MODEL is required when FAREGATE_LLM_FALLBACK_BASE_URL is set")

@@ -222,6 +222,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Prices: prices,
 		// A reservation outlives the longest call it can cover, then is given back.
 		ReservationTTL: cfg.AgentTimeout + cfg.LLMTimeout + time.Minute,
+		MaxCallTokens:  cfg.LLMMaxCallTokens,
 		Registerer:     reg,
 	})
 	ledger := budget.NewLedger(rdb, nil)
