@@ -66,7 +66,7 @@ type callState struct {
 	mu         sync.Mutex
 	emit       func(chat.Chunk) error // the turn's Stream; nil: count only
 	closed     bool
-	emitErr    error      // what emit returned when it stopped the call
+	emitErr    error // what emit returned when it stopped the call
 	reasoning  chat.Counter
 	usage      chat.Usage
 	unreadable string // why the answer could not be read; "" if it could
