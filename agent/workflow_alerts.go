@@ -139,3 +139,14 @@ func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
 			who, prompt, d.EMA, d.AnomaliesInHour),
 		Details: details})
 }
+
+// alertImplausible raises usage_implausible for a provider's report the
+// budget would not charge as it stood. It is the provider's doing, not the
+// visitor's: scoped to the model, never counted as the visitor's anomaly.
+func (r *run) alertImplausible(model string, res budget.Reservation, call budget.Call, charged int64) {
+	r.alert(alert.Alert{Event: alert.UsageImplausible, Scope: "model:" + model, Severity: alert.Warning,
+		Text: fmt.Sprintf("%s reported a usage faregate cannot charge as it stands; the call was charged %d tokens (reserved %d, counted %d)",
+			model, charged, res.Tokens, call.Counted),
+		Details: map[string]any{"model": model, "raw_usage": call.Raw, "reserved_tokens": res.Tokens,
+			"counted_tokens": call.Counted, "charged_tokens": charged}})
+}

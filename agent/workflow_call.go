@@ -251,12 +251,19 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 	return &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
 }
 
-// settle ends reservation res with what was used, charged in full (the
-// excess as overage), and returns the settlement: zero when the settle
-// failed, and the reservation then expires on its own.
-func (c *modelCall) settle(ctx context.Context, res budget.Reservation, prompt, completion int64) budget.Settlement {
+// settleTimeout bounds a settle's retries once the call is over: the
+// budget re-sends its idempotent script while Redis does not answer.
+const settleTimeout = 5 * time.Second
+
+// settle ends reservation res with what call used, charged in full (the
+// excess as overage; the ledger entry, if any, in the same script), and
+// returns the settlement: zero when the settle failed even after the
+// budget's retries, and the reservation then expires on its own.
+func (c *modelCall) settle(ctx context.Context, res budget.Reservation, call budget.Call) budget.Settlement {
 	ctx, end := c.r.w.startSettle(ctx, res)
-	s, err := c.r.w.d.Budget.Settle(context.WithoutCancel(ctx), res, prompt, completion)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	s, err := c.r.w.d.Budget.SettleCall(sctx, res, call)
 	end(s, err)
 	if err != nil {
 		c.r.lg.Warn("budget settle failed", "err", err)
@@ -271,7 +278,7 @@ func (c *modelCall) settle(ctx context.Context, res budget.Reservation, prompt, 
 func (c *modelCall) giveBack(ctx context.Context) {
 	if c.resOpen {
 		c.resOpen = false
-		c.settle(ctx, c.res, 0, 0)
+		c.settle(ctx, c.res, budget.Call{})
 	}
 }
 
@@ -405,6 +412,14 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 			first = true
 			r.w.metrics.ttft.WithLabelValues(mdl.Name).Observe(time.Since(start).Seconds())
 		}
+		if !first && ch.Reasoning != "" {
+			first = true
+			r.w.metrics.ttft.WithLabelValues(mdl.Name).Observe(time.Since(start).Seconds())
+		}
+		// Reasoning is output like any other: counted, cut, not kept.
+		if ch.Reasoning != "" && !out.take(ch.Reasoning, false) {
+			return stop(task.WarnOutputTruncated)
+		}
 		if ch.ToolCall != "" && !out.take(ch.ToolCall, false) {
 			return stop(task.WarnOutputTruncated)
 		}
@@ -424,6 +439,8 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 	turn := chat.Turn{Messages: r.msgs, Tools: c.defs, MaxTokens: int(c.maxTokens), Stream: stream, Request: &r.rec.Request}
 	reply, err := mdl.Generate(callCtx, turn)
 	latency := time.Since(start)
+	usage := reply.Usage
+	unreadable := errors.Is(err, chat.ErrUnreadable)
 
 	outcome := "ok"
 	ok := true
@@ -443,18 +460,44 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 	// Settle with what the provider reported, else what we counted (a cut
 	// call is charged what it streamed). A call that failed before a single
 	// token came back (refused at connect, a 5xx) consumed nothing that any
-	// provider bills: it is charged nothing, and counts no tokens.
-	promptUsed, completion := prompt, out.count.Tokens()
-	reported := ok && cut == "" && reply.Usage.Reported
+	// provider bills: it is charged nothing, and counts no tokens. An
+	// answer that could not be read, or a report the budget cannot believe
+	// (below zero, past the ceiling, not integers), is charged at least the
+	// reservation (budget.Charged).
+	counted := out.count.Tokens()
+	call := budget.Call{PromptTokens: prompt, CompletionTokens: counted, Counted: prompt + counted, Raw: usage.Raw}
 	switch {
-	case reported:
-		promptUsed, completion = reply.Usage.PromptTokens, reply.Usage.CompletionTokens
+	case unreadable:
+		call.Unreadable = true
+		if call.Raw == "" {
+			call.Raw = "unreadable answer"
+		}
+	case usage.Reported && usage.Unreadable:
+		call.Unreadable = true
+	case usage.Reported:
+		call.PromptTokens, call.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
 	case !ok && !first:
-		promptUsed, completion = 0, 0
-	case ok && cut == "" && completion == 0:
-		completion = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
+		call.PromptTokens, call.CompletionTokens = 0, 0
+	case ok && cut == "" && counted == 0:
+		call.CompletionTokens = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
 	}
-	s := c.settle(ctx, res, promptUsed, completion)
+	promptUsed, completion, implausible := r.w.d.Budget.Charged(res, call)
+	reported := usage.Reported && !implausible
+	var entry budget.Entry
+	if r.w.d.Ledger != nil {
+		entry = budget.Entry{Task: r.rec.ID, Model: mdl.Name, Principal: r.rec.Principal, RequestID: r.rec.RequestID,
+			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
+			Outcome: outcome, Estimated: !reported, Implausible: implausible}
+		call.Ledger = &entry
+	}
+	s := c.settle(ctx, res, call)
+	if r.w.d.Ledger != nil {
+		entry.CostMicro, entry.OverageTokens, entry.OverageCostMicro = s.CostMicro, s.OverageTokens, s.OverageCostMicro
+		r.w.d.Ledger.Count(entry)
+	}
+	if implausible {
+		r.alertImplausible(mdl.Name, res, call, promptUsed+completion)
+	}
 	if c.paced != nil {
 		c.settleBucket(ctx, ratelimit.SiteScope, r.w.cfg.SiteTokensPerMinute, c.paced, promptUsed+completion)
 		c.paced = nil
@@ -462,15 +505,6 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 	c.charged += promptUsed + completion
 	r.rec.Usage.PromptTokens += promptUsed
 	r.rec.Usage.CompletionTokens += completion
-	if r.w.d.Ledger != nil {
-		entry := budget.Entry{Task: r.rec.ID, Model: mdl.Name, Principal: r.rec.Principal, RequestID: r.rec.RequestID,
-			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
-			CostMicro: s.CostMicro, OverageTokens: s.OverageTokens, OverageCostMicro: s.OverageCostMicro,
-			Outcome: outcome, Estimated: !reported}
-		if lerr := r.w.d.Ledger.Append(context.WithoutCancel(ctx), entry); lerr != nil {
-			r.lg.Warn("usage ledger append failed", "err", lerr)
-		}
-	}
 	r.lg.Debug("model call", "model", mdl.Name, "outcome", outcome, "reserved", res.Tokens,
 		"charged", s.Tokens, "cost_micro", s.CostMicro, "latency_ms", latency.Milliseconds())
 	span.end(outcome, promptUsed, completion, !reported, c.waited.Milliseconds())
