@@ -146,6 +146,8 @@ type Workflow struct {
 	cfg     Config
 	d       Deps // defaults applied
 	metrics *modelMetrics
+	// gov makes every model call of a run (govern.go).
+	gov *Governor
 }
 
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
@@ -169,6 +171,7 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 			return chat.EstimatePrompt(msgs, tools)
 		}
 	}
+	w.gov = &Governor{cfg: w.cfg, d: w.d, metrics: w.metrics}
 	return w
 }
 
