@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -240,15 +241,9 @@ func (c *governedCall) do(ctx context.Context) (Outcome, error) {
 	g := c.g
 	first := g.d.Models.Next(c.spec.LowPrecision)
 	c.plan(first.Name)
-	if err := c.takeTokens(ctx); err != nil {
-		return Outcome{Model: first}, err
-	}
-	if err := c.reserve(ctx, first.Name); err != nil {
-		return Outcome{Model: first}, err
-	}
 	// The site's turn is waited for here, outside the breaker, so the wait
 	// never makes the call look slow.
-	if err := c.pace(ctx); err != nil {
+	if err := c.book(ctx, first.Name); err != nil {
 		return Outcome{Model: first}, err
 	}
 	var out Outcome
@@ -306,38 +301,25 @@ func (c *governedCall) plan(model string) {
 	}
 }
 
-// takeTokens asks the limiter whether the call may go ahead: an input
-// spike ends the task (the call is not made); a bucket short of prompt +
-// max_tokens is waited for, within Config.TokenWait in all, asking again
-// with a new op id each time.
-func (c *governedCall) takeTokens(ctx context.Context) error {
+// book makes the call's bookings before the upstream call, in the
+// contract's order, each only once the one before it let the call through:
+// the principal's bucket and input-spike check (a spike or a bucket
+// refusal books nothing at all), the reservation, the site's turn. They
+// live in three cluster slots (the principal's, the day's, the site
+// bucket's), so they cannot be one script, and running them at once would
+// book (and alert) before a refusal that must come first. A bucket short
+// of prompt + max_tokens is waited for, within Config.TokenWait in all,
+// asking again with a new op id each time.
+func (c *governedCall) book(ctx context.Context, model string) error {
 	g := c.g
-	if g.d.Limiter == nil {
-		return nil
-	}
-	amount := c.prompt + c.maxTokens
 	for {
-		op := rand.Text()
-		d, err := g.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(c.spec.Principal.ID),
-			PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: c.spec.Principal.TokensPerMinute, Op: op})
-		switch {
-		case errors.Is(err, ratelimit.ErrTooLarge):
-			return &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
-		case err != nil:
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			c.lg.Warn("token rate check failed", "err", err)
-			return &failure{task.CodeAgentFailed, "the token rate could not be checked; please try again later"}
-		case d.Anomaly:
-			c.alerts.alertSpike(c.prompt, d)
-			return &failure{task.CodeInputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
-		case d.Taken:
-			c.take = &bucketTake{op: op, amount: amount}
-			return nil
+		wait, err := c.takeOnce(ctx)
+		if err != nil {
+			return err
 		}
-		// The script answers an exact time; a zero one would spin.
-		wait := max(d.RetryAfter, time.Millisecond)
+		if wait == 0 {
+			break
+		}
 		if c.waited+wait > g.cfg.TokenWait {
 			return &failure{task.CodeTokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
 		}
@@ -346,6 +328,43 @@ func (c *governedCall) takeTokens(ctx context.Context) error {
 		}
 		c.waited += wait
 	}
+	if err := c.reserve(ctx, model); err != nil {
+		return err
+	}
+	return c.pace(ctx)
+}
+
+// takeOnce asks the limiter whether the call may go ahead: an input spike
+// ends the task (the call is not made); a bucket short of prompt +
+// max_tokens answers how long until it holds them (a wait > 0, nothing
+// taken).
+func (c *governedCall) takeOnce(ctx context.Context) (time.Duration, error) {
+	g := c.g
+	if g.d.Limiter == nil {
+		return 0, nil
+	}
+	amount := c.prompt + c.maxTokens
+	op := rand.Text()
+	d, err := g.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(c.spec.Principal.ID),
+		PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: c.spec.Principal.TokensPerMinute, Op: op})
+	switch {
+	case errors.Is(err, ratelimit.ErrTooLarge):
+		return 0, &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		c.lg.Warn("token rate check failed", "err", err)
+		return 0, &failure{task.CodeAgentFailed, "the token rate could not be checked; please try again later"}
+	case d.Anomaly:
+		c.alerts.alertSpike(c.prompt, d)
+		return 0, &failure{task.CodeInputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
+	case d.Taken:
+		c.take = &bucketTake{op: op, amount: amount}
+		return 0, nil
+	}
+	// The script answers an exact time; a zero one would spin.
+	return max(d.RetryAfter, time.Millisecond), nil
 }
 
 // reserve books prompt + max_tokens on model in every budget scope. When
@@ -414,14 +433,29 @@ func (c *governedCall) giveBack(ctx context.Context) {
 	}
 }
 
-// pace books the attempt's turn at the site bucket and waits for it. A turn
-// further away than Config.SitePaceWait is refused by the limiter (it
-// books nothing then) and ends the task with token_rate_limited.
+// pace books the attempt's turn at the site bucket and waits for it (the
+// fallback's own turn, after the first round).
 func (c *governedCall) pace(ctx context.Context) error {
+	wait, err := c.bookPace(ctx)
+	if err != nil || wait <= 0 {
+		return err
+	}
+	if err := c.g.d.Sleep(ctx, wait); err != nil {
+		return err
+	}
+	c.waited += wait
+	return nil
+}
+
+// bookPace books the attempt's turn at the site bucket and says how long
+// until it. A turn further away than Config.SitePaceWait is refused by the
+// limiter (it books nothing then) and ends the task with
+// token_rate_limited.
+func (c *governedCall) bookPace(ctx context.Context) (time.Duration, error) {
 	g := c.g
 	rate := g.cfg.SiteTokensPerMinute
 	if g.d.Limiter == nil || rate <= 0 {
-		return nil
+		return 0, nil
 	}
 	amount := c.prompt + c.maxTokens
 	op := rand.Text()
@@ -429,24 +463,18 @@ func (c *governedCall) pace(ctx context.Context) error {
 	var tooLong *ratelimit.WaitTooLongError
 	switch {
 	case errors.As(err, &tooLong):
-		return &failure{task.CodeTokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
+		return 0, &failure{task.CodeTokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
 	case errors.Is(err, ratelimit.ErrTooLarge):
-		return &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
+		return 0, &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
 	case err != nil:
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 		c.lg.Warn("site token rate check failed", "err", err)
-		return &failure{task.CodeAgentFailed, "the site's token rate could not be checked; please try again later"}
+		return 0, &failure{task.CodeAgentFailed, "the site's token rate could not be checked; please try again later"}
 	}
 	c.paced = &bucketTake{op: op, amount: amount}
-	if wait > 0 {
-		if err := g.d.Sleep(ctx, wait); err != nil {
-			return err
-		}
-		c.waited += wait
-	}
-	return nil
+	return wait, nil
 }
 
 // settleBucket settles tokens taken from scope's bucket with what was
@@ -546,21 +574,37 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 			Outcome: outcome, Estimated: !reported, Implausible: implausible}
 		call.Ledger = &entry
 	}
-	s := c.settle(ctx, res, call)
+	// After the call everything is settled in one round trip's time: the
+	// budget (its script writes the ledger line), the site's turn and, when
+	// no fallback can follow (this attempt answered), the principal's
+	// bucket go to Redis at once; they are independent, and each script is
+	// idempotent.
+	charge := promptUsed + completion
+	c.charged += charge
+	c.usage.PromptTokens += promptUsed
+	c.usage.CompletionTokens += completion
+	var s budget.Settlement
+	var wg sync.WaitGroup
+	wg.Go(func() { s = c.settle(ctx, res, call) })
+	if t := c.paced; t != nil {
+		c.paced = nil
+		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, charge) })
+	}
+	if t := c.take; t != nil && ok {
+		c.take = nil
+		total := c.charged
+		wg.Go(func() {
+			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, total)
+		})
+	}
+	wg.Wait()
 	if g.d.Ledger != nil {
 		entry.CostMicro, entry.OverageTokens, entry.OverageCostMicro = s.CostMicro, s.OverageTokens, s.OverageCostMicro
 		g.d.Ledger.Count(entry)
 	}
 	if implausible {
-		c.alerts.alertImplausible(mdl.Name, res, call, promptUsed+completion)
+		c.alerts.alertImplausible(mdl.Name, res, call, charge)
 	}
-	if c.paced != nil {
-		c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, c.paced, promptUsed+completion)
-		c.paced = nil
-	}
-	c.charged += promptUsed + completion
-	c.usage.PromptTokens += promptUsed
-	c.usage.CompletionTokens += completion
 	c.lg.Debug("model call", "model", mdl.Name, "label", c.spec.Label, "outcome", outcome, "reserved", res.Tokens,
 		"charged", s.Tokens, "cost_micro", s.CostMicro, "latency_ms", latency.Milliseconds())
 	span.end(outcome, promptUsed, completion, !reported, c.waited.Milliseconds())
