@@ -96,9 +96,12 @@ type Spec struct {
 	// is Config.MaxTokens.
 	MaxOutput int64
 	// Closing lets a call the budget cannot afford in full go ahead with
-	// the output a token scope has left (at least minClosingTokens): the
-	// planner's last call ends a run with what it has.
-	Closing bool
+	// the output a token scope has left, if that is at least MinOutput
+	// (0: 256 tokens): the planner's last call ends a run with what it
+	// has; the model endpoint sets MinOutput 1 (a call that cannot afford
+	// its prompt and one output token is refused).
+	Closing   bool
+	MinOutput int64
 	// LowPrecision sends the call to the fallback first (degraded AI
 	// traffic).
 	LowPrecision bool
@@ -383,7 +386,11 @@ func (c *governedCall) reserve(ctx context.Context, model string) error {
 	var ex *budget.ExhaustedError
 	if errors.As(err, &ex) {
 		c.alerts.alertExhausted(ex, req)
-		if c.spec.Closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= minClosingTokens {
+		least := c.spec.MinOutput
+		if least <= 0 {
+			least = minClosingTokens
+		}
+		if c.spec.Closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= least {
 			c.maxTokens = ex.Remaining - c.prompt
 			req.MaxTokens = c.maxTokens
 			res, err = c.g.d.Budget.Reserve(ctx, req)

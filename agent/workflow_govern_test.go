@@ -2,6 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/protect/breaker"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 	"faregate/protect/redistest"
@@ -79,7 +83,7 @@ func governedRig(rdb redis.UniversalClient) (*Governor, Spec) {
 	cfg.SiteTokensPerMinute = 10_000_000
 	g := NewWorkflow(cfg, d).Governor()
 	rec := record(lisbon)
-	rec.Limits.TokensPerMinute = 10_000_000
+	rec.Limits.TokensPerMinute, rec.Limits.TokensPerDay, rec.Limits.TierTokens = 10_000_000, 1<<40, 1<<40
 	spec := Spec{TaskID: rec.ID, RequestID: rec.RequestID, Principal: PrincipalOf(rec), Kind: "chat", PromptTokens: 500, Label: "plan"}
 	return g, spec
 }
@@ -213,11 +217,90 @@ func BenchmarkPlannerRun(b *testing.B) {
 			b.ResetTimer()
 			for b.Loop() {
 				rec := record(lisbon)
-				rec.Limits.TokensPerMinute = 10_000_000
+				rec.Limits.TokensPerMinute, rec.Limits.TokensPerDay, rec.Limits.TierTokens = 10_000_000, 1<<40, 1<<40
 				if err := w.Run(ctx, rec, func(*task.Record, ...task.Event) error { return nil }); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
+	}
+}
+
+// TestGovernorTaskCap: a caller other than the planner (the model
+// endpoint of an operator's agent) is held to the task's token cap
+// (FAREGATE_TASK_TOKEN_LIMIT) by the same reservation: a call that can
+// afford its prompt and some output gets MaxOutput shrunk to what is left,
+// one that cannot is refused with the task scope's ExhaustedError, and no
+// attempt is made.
+func TestGovernorTaskCap(t *testing.T) {
+	rdb := redistest.Mini(t).Client
+	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
+	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 2500}})
+	r := newRig(answers(chat.Usage{}))
+	d := r.deps()
+	d.Budget, d.Ledger = bud, budget.NewLedger(rdb, clock)
+	g := NewWorkflow(r.cfg, d).Governor()
+	rec := record(lisbon)
+	rec.Limits.TokensPerDay, rec.Limits.TierTokens = 1<<40, 1<<40
+	spec := Spec{TaskID: rec.ID, RequestID: "req-ext", Principal: PrincipalOf(rec), Kind: "chat", PromptTokens: 500,
+		Closing: true, MinOutput: 1, Label: "external"}
+	var asked []int64
+	attempt := func(_ context.Context, a Attempt) (Outcome, error) {
+		asked = append(asked, a.MaxOutput)
+		return Outcome{Usage: chat.Usage{PromptTokens: 500, CompletionTokens: a.MaxOutput, Reported: true}, Counted: a.MaxOutput, FirstToken: true}, nil
+	}
+	for range 2 {
+		if _, err := g.Call(context.Background(), spec, attempt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := g.Call(context.Background(), spec, attempt)
+	var ex *budget.ExhaustedError
+	if !errors.As(err, &ex) || ex.Scope != budget.ScopeTask {
+		t.Fatalf("third call: %v; want the task scope's refusal", err)
+	}
+	// 2500 = 500+1024, then 500+476 (what was left), then nothing.
+	if len(asked) != 2 || asked[0] != 1024 || asked[1] != 476 {
+		t.Fatalf("attempts asked for %v output tokens; want [1024 476]", asked)
+	}
+	u, err := bud.Usage(context.Background(), budget.UsageQuery{Day: rec.Day, Principal: rec.Principal, Task: rec.ID})
+	if err != nil || u.Task.Settled != 2500 || u.Task.Outstanding != 0 {
+		t.Fatalf("task scope %+v, %v; want 2500 settled, nothing held", u.Task, err)
+	}
+}
+
+// TestGovernorNoFallbackAfterStart: an attempt whose answer had reached
+// the client (Started) and then failed is not retried on the fallback;
+// one that failed before is, with Attempt.Fallback set, under its own
+// reservation.
+func TestGovernorNoFallbackAfterStart(t *testing.T) {
+	for _, started := range []bool{true, false} {
+		r := newRig(answers(chat.Usage{}))
+		r.models.Fallback = &Model{Model: answers(chat.Usage{}), Name: "cheap"}
+		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 100, FailureRatio: 1, OpenFor: time.Hour}, nil, nil)
+		g := r.workflow().Governor()
+		rec := record(lisbon)
+		var tried []string
+		out, err := g.Call(context.Background(), Spec{TaskID: rec.ID, Principal: PrincipalOf(rec), PromptTokens: 100},
+			func(_ context.Context, a Attempt) (Outcome, error) {
+				tried = append(tried, fmt.Sprintf("%s/%v", a.Model.Name, a.Fallback))
+				if !a.Fallback {
+					return Outcome{Started: started, FirstToken: true, Counted: 10}, errors.New("upstream reset")
+				}
+				return Outcome{Usage: chat.Usage{PromptTokens: 100, CompletionTokens: 5, Reported: true}}, nil
+			})
+		want := "primary/false,cheap/true"
+		if started {
+			want = "primary/false"
+		}
+		if strings.Join(tried, ",") != want || (started == (err == nil)) {
+			t.Fatalf("started %v: tried %v, err %v; want %s", started, tried, err, want)
+		}
+		if !started && (!out.FellBack || out.Model.Name != "cheap") {
+			t.Fatalf("outcome %+v", out)
+		}
+		if st := r.budget.Settled(); len(st) != len(tried) || st[0].Actual() != 100+10 {
+			t.Fatalf("started %v: settlements %+v; want the primary charged what it streamed, then the fallback's", started, st)
+		}
 	}
 }
