@@ -30,6 +30,14 @@
 // clock passed in (Options.Now), not Redis TIME, so tests can move time on
 // any Redis.
 //
+// Provider numbers are hostile input: one call is charged at most
+// Options.MaxCallTokens, and a report below zero, past it or unreadable is
+// charged Conservative(reservation, faregate's own count) instead
+// (Charged). Every amount a script sees is bounded to 2^53 in Go first,
+// and the scripts refuse anything past it, so no counter wraps or loses
+// precision in Lua's doubles. SettleCall writes the call's ledger entry in
+// its own script, once, however often the script is re-sent.
+//
 // The package raises no alerts: results carry the first 80% crossing of a
 // daily budget (Warnings) and the first refusal of a scope in a day
 // (ExhaustedError.First), decided atomically in Redis so each happens once
