@@ -74,10 +74,11 @@ func TestReasoningCountedAndCut(t *testing.T) {
 	}
 }
 
-// TestReasoningMemoryBounded: a call that is not cut (no stream callback
-// at all) reads 13 MB of reasoning without keeping it: langchaingo, left
-// alone, concatenates reasoning_content into one string chunk by chunk,
-// allocating O(n²) (about 1.3 GB here) and holding all of it.
+// TestReasoningMemoryBounded: a call whose stream never cuts reads 13 MB
+// of reasoning, hands all of it to the stream, and keeps none of it:
+// langchaingo, left alone, concatenates reasoning_content into one string
+// chunk by chunk, allocating O(n²) (1,347 MB here before the fix) and
+// holding all of it.
 func TestReasoningMemoryBounded(t *testing.T) {
 	var sent atomic.Int64
 	const chunks, size = 200, 65000
@@ -86,7 +87,9 @@ func TestReasoningMemoryBounded(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	reply, err := m.Generate(context.Background(), chat.Turn{Messages: []chat.Message{chat.Text(chat.RoleUser, "think")}, MaxTokens: 100})
+	var counted chat.Counter
+	reply, err := m.Generate(context.Background(), chat.Turn{Messages: []chat.Message{chat.Text(chat.RoleUser, "think")}, MaxTokens: 100,
+		Stream: func(ch chat.Chunk) error { counted.Add(ch.Reasoning); return nil }})
 	runtime.ReadMemStats(&after)
 	if err != nil || reply.Content != "ok" {
 		t.Fatalf("Generate = %+v, %v", reply, err)
@@ -97,7 +100,10 @@ func TestReasoningMemoryBounded(t *testing.T) {
 	if alloc > 150<<20 {
 		t.Fatalf("the call allocated %d MB for %d MB of reasoning; want it bounded by its lines, not their sum's square", alloc>>20, chunks*size>>20)
 	}
-	t.Logf("%d MB of reasoning read with %d MB allocated in all", chunks*size>>20, alloc>>20)
+	if counted.Tokens() < chunks*size/4/2 {
+		t.Fatalf("the stream was handed %d reasoning tokens of %d MB", counted.Tokens(), chunks*size>>20)
+	}
+	t.Logf("%d MB of reasoning read (%d tokens counted) with %d MB allocated in all", chunks*size>>20, counted.Tokens(), alloc>>20)
 }
 
 // TestLargeJSONAnswerParsed: a non-streamed answer of 1 MB content with
