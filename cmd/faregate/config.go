@@ -48,6 +48,7 @@ type config struct {
 	LLMModel           string        `env:"LLM_MODEL"`
 	LLMLegacyMaxTokens bool          `env:"LLM_LEGACY_MAX_TOKENS" envDefault:"false"`
 	LLMMaxTokens       int           `env:"LLM_MAX_TOKENS" envDefault:"1024"`
+	LLMMaxCallTokens   int64         `env:"LLM_MAX_CALL_TOKENS" envDefault:"1000000"`
 	LLMTimeout         time.Duration `env:"LLM_TIMEOUT" envDefault:"60s"`
 	FallbackBaseURL    string        `env:"LLM_FALLBACK_BASE_URL"`
 	FallbackModel      string        `env:"LLM_FALLBACK_MODEL"`
@@ -280,6 +281,14 @@ func configRules() []rule {
 
 		{"LLM_BASE_URL", httpURL(), nil},
 		{"LLM_MAX_TOKENS", between(16, 1_000_000), nil},
+		// The ceiling of one call's charge must hold at least a call's own
+		// output, or every honest report would count as implausible.
+		{"LLM_MAX_CALL_TOKENS", custom(func(c *config) string {
+			if c.LLMMaxCallTokens < int64(max(c.LLMMaxTokens, 16)) || c.LLMMaxCallTokens > 1<<40 {
+				return fmt.Sprintf("want FAREGATE_LLM_MAX_TOKENS (%d) to %d", c.LLMMaxTokens, int64(1<<40))
+			}
+			return ""
+		}), []string{"LLM_MAX_TOKENS"}},
 		{"LLM_FALLBACK_BASE_URL", httpURL(), nil},
 		{"LLM_FALLBACK_MODEL", requiredWith("LLM_FALLBACK_BASE_URL", "to name the fallback's model"), []string{"LLM_FALLBACK_BASE_URL"}},
 

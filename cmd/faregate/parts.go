@@ -91,7 +91,7 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 		return nil, err
 	}
 	rdb := st.redis.main
-	sp := &spending{models: models, quota: quota.New(rdb, nil)}
+	sp := &spending{models: models, quota: quota.New(rdb, nil).Pipelined(st.redis.admissions)}
 	// Priced from FAREGATE_MODEL_PRICES until the policy is loaded
 	// (newPolicies), which sets the policy file's prices over them, at
 	// start and on every reload.
@@ -100,6 +100,7 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 		Prices: cfg.prices,
 		// A reservation outlives the longest call it can cover, then is given back.
 		ReservationTTL: cfg.AgentTimeout + cfg.LLMTimeout + time.Minute,
+		MaxCallTokens:  cfg.LLMMaxCallTokens,
 		Registerer:     ops.registry,
 	})
 	sp.ledger = budget.NewLedger(rdb, nil)

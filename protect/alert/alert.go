@@ -63,6 +63,7 @@ const (
 	ToolCallLoop       = "tool_call_loop"       // a run repeated a tool call
 	PolicyReloadFailed = "policy_reload_failed" // an invalid policy file was kept out
 	Overage            = "overage"              // usage settled above its reservation
+	UsageImplausible   = "usage_implausible"    // a provider's usage report below zero, past the ceiling or unreadable
 )
 
 // Severities, as the payload names them.
@@ -74,7 +75,7 @@ const (
 
 var knownEvents = map[string]bool{
 	BudgetWarning: true, BudgetExhausted: true, BreakerOpen: true, BreakerClosed: true,
-	Anomaly: true, ToolCallLoop: true, PolicyReloadFailed: true, Overage: true,
+	Anomaly: true, ToolCallLoop: true, PolicyReloadFailed: true, Overage: true, UsageImplausible: true,
 }
 
 // Alert is one thing to tell operators.
