@@ -3,15 +3,16 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"faregate/agent/task"
+	"faregate/protect/canon"
 )
 
 // Input bounds of a task request (the contract's; the page mirrors them).
@@ -70,11 +71,10 @@ func parseCreateRequest(body []byte) (createRequest, error) {
 		fields["destination"] = "is required"
 	} else if err := json.Unmarshal(raw, &req.Destination); err != nil {
 		fields["destination"] = "must be a string"
+	} else if text, msg := checkLine("destination", req.Destination, destinationMax); msg != "" {
+		fields["destination"] = msg
 	} else {
-		req.Destination = strings.TrimSpace(req.Destination)
-		if msg := checkText(req.Destination, destinationMax); msg != "" {
-			fields["destination"] = msg
-		}
+		req.Destination = text
 	}
 
 	if raw := obj["days"]; isNull(raw) {
@@ -108,12 +108,12 @@ func parseCreateRequest(body []byte) (createRequest, error) {
 					fields["interests"] = "must be a list of strings"
 					break
 				}
-				s = strings.TrimSpace(s)
-				if msg := checkText(s, interestMax); msg != "" {
+				text, msg := checkLine("interests", s, interestMax)
+				if msg != "" {
 					fields["interests"] = "each " + msg
 					break
 				}
-				req.Interests = append(req.Interests, s)
+				req.Interests = append(req.Interests, text)
 			}
 		}
 	}
@@ -134,18 +134,35 @@ func parseCreateRequest(body []byte) (createRequest, error) {
 	return req, nil
 }
 
-// checkText validates a trimmed string: 1..max code points, no control characters.
-func checkText(s string, maxLen int) string {
-	n := utf8.RuneCountInString(s)
-	if n < 1 || n > maxLen {
-		return fmt.Sprintf("must be 1 to %d characters", maxLen)
-	}
-	for _, c := range s {
-		if unicode.IsControl(c) || c == utf8.RuneError {
-			return "must not contain control characters"
+// checkText applies the contract's text rule to one field: text holding
+// format or control characters (canon.Check) is refused before anything
+// else sees it; otherwise the text is its NFKC form, trimmed, and must be
+// 1..max code points of it. The returned text is what the model is given
+// and what the prompt rules and the plan cache fold.
+func checkText(field, s string, maxLen int) (text, msg string) {
+	if err := canon.Check(field, s); err != nil {
+		var ce *canon.Error
+		if errors.As(err, &ce) {
+			return "", ce.Message()
 		}
+		return "", err.Error()
 	}
-	return ""
+	text = strings.TrimSpace(canon.NFKC(s))
+	if n := utf8.RuneCountInString(text); n < 1 || n > maxLen {
+		return "", fmt.Sprintf("must be 1 to %d characters", maxLen)
+	}
+	return text, ""
+}
+
+// checkLine is checkText for a one-line field of a trip (a destination, an
+// interest): tabs and line breaks, which canon allows in longer text, are
+// refused too.
+func checkLine(field, s string, maxLen int) (text, msg string) {
+	text, msg = checkText(field, s, maxLen)
+	if msg == "" && strings.ContainsAny(text, "\t\n\r") {
+		return "", "must be one line, without tabs or line breaks"
+	}
+	return text, msg
 }
 
 // languageTag accepts the plan languages in any case ("zh-cn" is zh-CN).
