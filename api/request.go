@@ -160,7 +160,7 @@ func checkText(field, s string, maxLen int) (text, msg string) {
 func checkLine(field, s string, maxLen int) (text, msg string) {
 	text, msg = checkText(field, s, maxLen)
 	if msg == "" && strings.ContainsAny(text, "\t\n\r") {
-		return "", "must be one line, without tabs or line breaks"
+		return "", "must not contain control characters such as tabs or line breaks"
 	}
 	return text, msg
 }

@@ -26,13 +26,21 @@ export function limitsFrom(input) {
   return out;
 }
 
-/** codePoints counts Unicode code points, as the server does (String.length counts UTF-16 units). */
+/**
+ * codePoints counts Unicode code points of the NFKC form, as the server does
+ * (String.length counts UTF-16 units, and "ﷺ" is 18 characters in NFKC).
+ */
 export function codePoints(s) {
-  return [...s].length;
+  return [...s.normalize('NFKC')].length;
 }
 
-/** CONTROL matches control characters, which the server refuses in any text field. */
-const CONTROL = /\p{Cc}/u;
+/**
+ * CONTROL matches what the server refuses in any text field: control
+ * characters, format characters (zero-width spaces, bidi controls) and the
+ * tag block. Tabs and line breaks are control characters too: a trip's
+ * fields are one line each.
+ */
+const CONTROL = /[\p{Cc}\p{Cf}\u{E0000}-\u{E007F}\uFFFD]/u;
 
 /** interestError returns the field error for one interest, or null when it is acceptable. */
 export function interestError(text, limits) {
