@@ -31,9 +31,10 @@ type createRequest struct {
 }
 
 // readCreateRequest reads the body (the media type and a declared length
-// were checked by bodyShape) and validates it: 413 for a body that turns
-// out too large, 400 with a message per field.
-func readCreateRequest(r *http.Request) (createRequest, error) {
+// were checked by bodyShape) and validates it in the form the server takes
+// (InputTrip or InputPrompt, a prompt of at most promptMax code points):
+// 413 for a body that turns out too large, 400 with a message per field.
+func readCreateRequest(r *http.Request, form string, promptMax int) (createRequest, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
 	if err != nil {
 		return createRequest{}, invalid("body", "could not be read")
@@ -41,31 +42,87 @@ func readCreateRequest(r *http.Request) (createRequest, error) {
 	if len(body) > MaxBody {
 		return createRequest{}, ErrTooLarge
 	}
+	if form == InputPrompt {
+		return parsePromptRequest(body, promptMax)
+	}
 	return parseCreateRequest(body)
 }
 
-// parseCreateRequest decodes field by field so each wrong field gets its
-// own message; unknown fields are ignored.
-func parseCreateRequest(body []byte) (createRequest, error) {
+// decodeObject decodes a body that must be one JSON object into its
+// fields, raw.
+func decodeObject(body []byte) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var obj map[string]json.RawMessage
 	if err := dec.Decode(&obj); err != nil || obj == nil {
-		return createRequest{}, invalid("body", "must be a JSON object")
+		return nil, invalid("body", "must be a JSON object")
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return createRequest{}, invalid("body", "must be a single JSON object")
+		return nil, invalid("body", "must be a single JSON object")
 	}
+	return obj, nil
+}
 
-	var req createRequest
-	fields := map[string]string{}
-	isNull := func(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
+func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
 
+// commonFields reads the fields both forms have: the Turnstile token and
+// the language.
+func commonFields(obj map[string]json.RawMessage, req *createRequest, fields map[string]string) {
 	if raw, ok := obj["turnstile_token"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &req.Token); err != nil {
 			fields["turnstile_token"] = "must be a string"
 		}
 	}
+	if raw := obj["language"]; !isNull(raw) {
+		var lang string
+		if err := json.Unmarshal(raw, &lang); err != nil {
+			fields["language"] = `must be "en" or "zh-CN"`
+		} else if l, ok := languageTag(lang); ok {
+			req.Language = l
+		} else {
+			fields["language"] = `must be "en" or "zh-CN"`
+		}
+	}
+}
+
+// parsePromptRequest decodes the prompt form, {"turnstile_token",
+// "prompt", "language"?}: the prompt is checked by the text rule (tabs and
+// line breaks allowed), and is 1 to maxChars code points of NFKC after
+// trimming. Unknown fields are ignored, trip fields included.
+func parsePromptRequest(body []byte, maxChars int) (createRequest, error) {
+	obj, err := decodeObject(body)
+	if err != nil {
+		return createRequest{}, err
+	}
+	var req createRequest
+	fields := map[string]string{}
+	commonFields(obj, &req, fields)
+	var prompt string
+	if raw := obj["prompt"]; isNull(raw) {
+		fields["prompt"] = "is required"
+	} else if err := json.Unmarshal(raw, &prompt); err != nil {
+		fields["prompt"] = "must be a string"
+	} else if text, msg := checkText("prompt", prompt, maxChars); msg != "" {
+		fields["prompt"] = msg
+	} else {
+		req.Prompt = text
+	}
+	if len(fields) > 0 {
+		return createRequest{}, &InvalidError{Fields: fields}
+	}
+	return req, nil
+}
+
+// parseCreateRequest decodes the trip form field by field so each wrong
+// field gets its own message; unknown fields are ignored.
+func parseCreateRequest(body []byte) (createRequest, error) {
+	obj, err := decodeObject(body)
+	if err != nil {
+		return createRequest{}, err
+	}
+	var req createRequest
+	fields := map[string]string{}
+	commonFields(obj, &req, fields)
 
 	if raw := obj["destination"]; isNull(raw) {
 		fields["destination"] = "is required"
@@ -118,16 +175,6 @@ func parseCreateRequest(body []byte) (createRequest, error) {
 		}
 	}
 
-	if raw := obj["language"]; !isNull(raw) {
-		var lang string
-		if err := json.Unmarshal(raw, &lang); err != nil {
-			fields["language"] = `must be "en" or "zh-CN"`
-		} else if l, ok := languageTag(lang); ok {
-			req.Language = l
-		} else {
-			fields["language"] = `must be "en" or "zh-CN"`
-		}
-	}
 	if len(fields) > 0 {
 		return createRequest{}, &InvalidError{Fields: fields}
 	}
@@ -206,7 +253,11 @@ func languageFrom(header string) string {
 	return best
 }
 
-// promptTexts are the request's texts the static prompt rules read.
+// promptTexts are the request's texts the static prompt rules read: the
+// prompt, or the destination and the interests.
 func promptTexts(req createRequest) []string {
+	if req.Prompt != "" {
+		return []string{req.Prompt}
+	}
 	return append([]string{req.Destination}, req.Interests...)
 }

@@ -58,3 +58,44 @@ func TestCreateRequestText(t *testing.T) {
 		t.Fatalf("80 decomposed é (80 NFKC code points): %v", err)
 	}
 }
+
+// TestPromptRequest: the prompt form (#21 item 6) takes a prompt of 1 to
+// max code points of NFKC after the text rule, with tabs and line breaks.
+func TestPromptRequest(t *testing.T) {
+	const max = 20
+	refused := []struct{ name, body, field string }{
+		{"missing", `{"turnstile_token":"t"}`, "prompt"},
+		{"null", `{"prompt":null}`, "prompt"},
+		{"not a string", `{"prompt":["a"]}`, "prompt"},
+		{"blank", `{"prompt":" \n\t "}`, "prompt"},
+		{"too long", `{"prompt":"` + strings.Repeat("a", max+1) + `"}`, "prompt"},
+		{"too long in NFKC", `{"prompt":"\ufdfa\ufdfa"}`, "prompt"},
+		{"zero-width space", `{"prompt":"ig\u200bnore"}`, "prompt"},
+		{"tag characters", `{"prompt":"hi\udb40\udc20"}`, "prompt"},
+		{"NUL", `{"prompt":"hi\u0000"}`, "prompt"},
+		{"bad language", `{"prompt":"hi","language":"fr"}`, "language"},
+		{"token not a string", `{"prompt":"hi","turnstile_token":1}`, "turnstile_token"},
+		{"not an object", `"hi"`, "body"},
+	}
+	for _, tc := range refused {
+		_, err := parsePromptRequest([]byte(tc.body), max)
+		var ie *InvalidError
+		if !errors.As(err, &ie) || ie.Fields[tc.field] == "" {
+			t.Errorf("%s: %v, want a message for %s", tc.name, err, tc.field)
+		}
+	}
+	req, err := parsePromptRequest([]byte(`{"turnstile_token":"tok","prompt":"  Ｌｉｓｂｏｎ\n\tfor two ","language":"zh-cn","destination":"ignored","days":3}`), max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Prompt != "Lisbon\n\tfor two" || req.Language != "zh-CN" || req.Token != "tok" || req.Destination != "" || req.Days != 0 {
+		t.Fatalf("parsed %+v", req)
+	}
+	if got := promptTexts(req); len(got) != 1 || got[0] != req.Prompt {
+		t.Fatalf("prompt rules read %q", got)
+	}
+	// Exactly max code points pass.
+	if _, err := parsePromptRequest([]byte(`{"prompt":"`+strings.Repeat("é", max)+`"}`), max); err != nil {
+		t.Fatalf("%d code points: %v", max, err)
+	}
+}

@@ -57,7 +57,7 @@ func (s *server) handleCreateTask() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := stateOf(r)
 		ctx := r.Context()
-		req, err := readCreateRequest(r)
+		req, err := readCreateRequest(r, s.input(), s.promptMax())
 		if err != nil {
 			if errors.Is(err, ErrInvalid) {
 				s.failedCheck(r, st)
@@ -118,7 +118,7 @@ func (s *server) handleCreateTask() http.Handler {
 			s.refuseOrCached(w, r, st, subj, req, cacheReq, errModelUnavailable)
 			return
 		}
-		if err := s.affordable(ctx, st); err != nil {
+		if err := s.affordable(ctx, st, req.Request); err != nil {
 			if errors.Is(err, budget.ErrExhausted) {
 				s.refuseOrCached(w, r, st, subj, req, cacheReq, err)
 				return
@@ -127,7 +127,8 @@ func (s *server) handleCreateTask() http.Handler {
 			return
 		}
 		if tpm := st.tier.TokensPerMinute; tpm > 0 {
-			ok, wait, err := s.d.Limiter.Peek(ctx, st.principal.Scope(), tpm, s.d.MinRunTokens)
+			minTokens, _ := s.minRun(req.Request)
+			ok, wait, err := s.d.Limiter.Peek(ctx, st.principal.Scope(), tpm, minTokens)
 			switch {
 			case errors.Is(err, ratelimit.ErrTooLarge):
 				// The tier's bucket can never hold one run: a policy mistake,
@@ -214,9 +215,35 @@ func (s *server) tierTokens(t Tier) int64 {
 	return max(int64(math.Floor(t.MaxSiteShare*float64(s.d.Limits.SiteDailyTokens))), 1)
 }
 
+// minRun is one minimal run of req in tokens and money: the request's own
+// with an external agent (Deps.MinRun), else the built-in planner's fixed
+// reservation of a first call.
+func (s *server) minRun(req task.Request) (tokens, costMicro int64) {
+	if s.d.MinRun != nil {
+		return s.d.MinRun(req)
+	}
+	return s.d.MinRunTokens, s.d.MinRunCost
+}
+
+// promptMax is the longest prompt, in code points.
+func (s *server) promptMax() int {
+	if n := s.d.Config.PromptMaxChars; n > 0 {
+		return n
+	}
+	return DefaultPromptMaxChars
+}
+
+// input is the request form the server takes.
+func (s *server) input() string {
+	if s.d.Config.Input == InputPrompt {
+		return InputPrompt
+	}
+	return InputTrip
+}
+
 // affordable is the admission's budget check: can the principal, its tier
-// and the site afford one minimal run, in tokens and in money.
-func (s *server) affordable(ctx context.Context, st *state) error {
+// and the site afford one minimal run of req, in tokens and in money.
+func (s *server) affordable(ctx context.Context, st *state, req task.Request) error {
 	if s.d.Budget == nil {
 		return nil
 	}
@@ -225,10 +252,11 @@ func (s *server) affordable(ctx context.Context, st *state) error {
 	if tierTokens > 0 {
 		tier = st.tier.Name
 	}
+	tokens, cost := s.minRun(req)
 	ctx, end := s.span(ctx, "gate.budget")
 	return end(s.d.Budget.CanAfford(ctx, budget.AffordRequest{
 		Day: quota.Day(s.d.Now()), Principal: st.principal.Account(), PrincipalLimit: st.tier.TokensPerDay,
-		Tier: tier, TierLimit: tierTokens, Tokens: s.d.MinRunTokens, CostMicro: s.d.MinRunCost,
+		Tier: tier, TierLimit: tierTokens, Tokens: tokens, CostMicro: cost,
 	}))
 }
 
@@ -254,6 +282,10 @@ func (s *server) refuseOrCached(w http.ResponseWriter, r *http.Request, st *stat
 // when there is no such plan (or the cache cannot be read); the caller then
 // goes on as without a cache. A refusal of the quota is answered here.
 func (s *server) serveCached(w http.ResponseWriter, r *http.Request, st *state, subj quota.Subject, req createRequest, cr plancache.Request, refusal error) bool {
+	if req.Prompt != "" {
+		// Plans are cached for trips; a prompt's answer is never shared.
+		return false
+	}
 	ctx := r.Context()
 	plan, ok, err := s.d.PlanCache.Get(ctx, cr)
 	if err != nil || !ok {
@@ -318,29 +350,30 @@ func (s *server) handleGetTask() http.Handler {
 
 // configResponse is GET /api/config.
 type configResponse struct {
-	TurnstileSiteKey   string      `json:"turnstile_site_key"`
-	TurnstileScriptURL string      `json:"turnstile_script_url"`
-	TurnstileTest      bool        `json:"turnstile_test"`
-	DevMode            bool        `json:"dev_mode"`
-	ModelStatus        string      `json:"model_status"`
-	OfflineModel       bool        `json:"offline_model"`
-	Limits             limitsBody  `json:"limits"`
-	Input              inputLimits `json:"input"`
-	Languages          []string    `json:"languages"`
+	TurnstileSiteKey   string     `json:"turnstile_site_key"`
+	TurnstileScriptURL string     `json:"turnstile_script_url"`
+	TurnstileTest      bool       `json:"turnstile_test"`
+	DevMode            bool       `json:"dev_mode"`
+	ModelStatus        string     `json:"model_status"`
+	OfflineModel       bool       `json:"offline_model"`
+	Input              string     `json:"input"`
+	Limits             limitsBody `json:"limits"`
+	Languages          []string   `json:"languages"`
 }
 
+// limitsBody is /api/config's limits: the daily and per-minute counts, and
+// the bounds of both request forms' fields (the page checks them before
+// spending a Turnstile token).
 type limitsBody struct {
 	IPDaily           int64 `json:"ip_daily"`
 	GlobalDaily       int64 `json:"global_daily"`
 	RequestsPerMinute int64 `json:"requests_per_minute"`
-}
-
-type inputLimits struct {
-	DestinationMax int `json:"destination_max"`
-	DaysMin        int `json:"days_min"`
-	DaysMax        int `json:"days_max"`
-	InterestsMax   int `json:"interests_max"`
-	InterestMax    int `json:"interest_max"`
+	PromptMaxChars    int   `json:"prompt_max_chars"`
+	DestinationMax    int   `json:"destination_max"`
+	DaysMin           int   `json:"days_min"`
+	DaysMax           int   `json:"days_max"`
+	InterestsMax      int   `json:"interests_max"`
+	InterestMax       int   `json:"interest_max"`
 }
 
 func (s *server) handleConfig() http.Handler {
@@ -357,8 +390,9 @@ func (s *server) handleConfig() http.Handler {
 			DevMode:            s.d.Config.DevMode,
 			ModelStatus:        status,
 			OfflineModel:       offline,
-			Limits:             limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute},
-			Input: inputLimits{DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
+			Input:              s.input(),
+			Limits: limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute,
+				PromptMaxChars: s.promptMax(), DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
 				InterestsMax: interestsMax, InterestMax: interestMax},
 			Languages: []string{task.LangEnglish, task.LangChinese},
 		})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"faregate/api"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
 	"faregate/protect/plancache"
@@ -56,6 +57,14 @@ type config struct {
 	AgentMaxToolCalls int           `env:"AGENT_MAX_TOOL_CALLS" envDefault:"12"`
 	AgentTimeout      time.Duration `env:"AGENT_TIMEOUT" envDefault:"90s"`
 	AgentConcurrency  int           `env:"AGENT_CONCURRENCY" envDefault:"8"`
+	// AgentURL, when set, is the operator's own agent that each admitted
+	// task is delivered to instead of the built-in trip planner.
+	AgentURL string `env:"AGENT_URL"`
+	// TaskInput is the body POST /api/tasks takes (api.InputTrip or
+	// api.InputPrompt); empty: trip with the built-in planner, prompt with
+	// an external agent (validate fills it in).
+	TaskInput      string `env:"TASK_INPUT"`
+	PromptMaxChars int    `env:"PROMPT_MAX_CHARS" envDefault:"2000"`
 
 	WeatherURL   string `env:"WEATHER_URL" envDefault:"https://api.open-meteo.com/v1/forecast"`
 	GeocodingURL string `env:"GEOCODING_URL" envDefault:"https://geocoding-api.open-meteo.com/v1/search"`
@@ -288,6 +297,30 @@ func (c *config) validate() error {
 	if c.AgentConcurrency < 1 {
 		bad("FAREGATE_AGENT_CONCURRENCY: want at least 1")
 	}
+	if c.AgentURL != "" {
+		if u, err := url.Parse(c.AgentURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("FAREGATE_AGENT_URL: want an http(s) URL")
+		}
+	}
+	switch c.TaskInput {
+	case "":
+		c.TaskInput = api.InputTrip
+		if c.AgentURL != "" {
+			c.TaskInput = api.InputPrompt
+		}
+	case api.InputTrip:
+	case api.InputPrompt:
+		if c.AgentURL == "" {
+			bad("FAREGATE_TASK_INPUT=prompt needs an external agent (FAREGATE_AGENT_URL): the built-in trip planner takes trips (destination, days, interests)")
+		}
+	default:
+		bad("FAREGATE_TASK_INPUT %q: want trip or prompt", c.TaskInput)
+	}
+	if c.PromptMaxChars < 1 || c.PromptMaxChars > api.MaxPromptChars {
+		// The bound keeps the largest prompt (4 UTF-8 bytes a code point)
+		// with a Turnstile token inside the 16 KiB body of /api.
+		bad("FAREGATE_PROMPT_MAX_CHARS: want 1 to %d", api.MaxPromptChars)
+	}
 	if c.DailyTokenBudget < 1 || c.IPDailyTokens < 1 || c.TaskTokenLimit < 1 {
 		bad("FAREGATE_DAILY_TOKEN_BUDGET, FAREGATE_IP_DAILY_TOKENS and FAREGATE_TASK_TOKEN_LIMIT: want at least 1")
 	}
@@ -362,6 +395,10 @@ func (c *config) validate() error {
 	}
 	if c.cacheMode, err = plancache.ParseMode(c.PlanCache); err != nil {
 		bad("%v", err)
+	} else if c.AgentURL != "" {
+		// Plans are the built-in planner's; an external agent's answers are
+		// never shared between visitors (run prints a line saying so).
+		c.cacheMode = plancache.ModeOff
 	}
 	if c.PlanCacheTTL < time.Minute {
 		bad("FAREGATE_PLAN_CACHE_TTL: want at least 1m")

@@ -147,6 +147,9 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		// Loud on purpose: a demo on embedded defaults protects nothing.
 		fmt.Fprintf(stdout, "faregate: EMBEDDED DEFAULT (%s unset): %s\n", d.Variable, d.What)
 	}
+	if cfg.AgentURL != "" {
+		fmt.Fprintf(stdout, "faregate: FAREGATE_AGENT_URL set: an external agent answers (%s form); the plan cache is off, whatever FAREGATE_PLAN_CACHE says (its answers are never shared between visitors)\n", cfg.TaskInput)
+	}
 	quietRedisLog(lg)
 	quietTracingErrors(lg)
 
@@ -297,12 +300,14 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Policy:    func() api.Policy { return policyView{a.policies.Current()} },
 		PlanCache: cache, PlanCacheMode: cfg.cacheMode,
 		MinRunTokens: wf.MinRunTokens(), MinRunCost: minRunCost(bud, models, wf.MinRunTokens(), cfg.LLMMaxTokens),
+		MinRun: externalMinRun(cfg, bud, models),
 		Models: models, Tasks: a.runner, Store: store, Events: a.hub, AITF: guard,
 		Web: webHandler, Client: web.Client(), OpenAPI: api.OpenAPIDocument(), CORS: corsMW,
 		Ready: prober.probe,
 		Config: api.PublicConfig{
 			TurnstileSiteKey: cfg.TurnstileSiteKey, TurnstileScriptURL: cfg.TurnstileScriptURL,
 			TurnstileTest: cfg.TurnstileSecret == "", DevMode: len(defaults) > 0,
+			Input: cfg.TaskInput, PromptMaxChars: cfg.PromptMaxChars,
 		},
 		Limits: api.Limits{
 			GlobalDailyTasks: cfg.GlobalDailyLimit, SiteDailyTokens: cfg.DailyTokenBudget, DailySpendMicro: cfg.spendMicro,
@@ -356,6 +361,33 @@ func openaiTools(defs []chat.ToolDef) []map[string]any {
 			"name": d.Name, "description": d.Description, "parameters": d.Parameters}}
 	}
 	return out
+}
+
+// externalMinRun is one minimal run with an external agent (nil with the
+// built-in planner, whose fixed first-call reservation stands): the
+// estimated prompt of the visitor's request, as a user message on the
+// primary model, plus FAREGATE_LLM_MAX_TOKENS, in tokens and in money.
+func externalMinRun(cfg *config, b *budget.Budget, models *agent.Models) func(task.Request) (int64, int64) {
+	if cfg.AgentURL == "" {
+		return nil
+	}
+	estimate := estimator(models)
+	model := models.Next(false).Name
+	return func(r task.Request) (int64, int64) {
+		text := r.Prompt
+		if text == "" {
+			// A trip delivered to the agent: its request as the agent reads it.
+			raw, _ := json.Marshal(r)
+			text = string(raw)
+		}
+		prompt := estimate(model, []chat.Message{chat.Text(chat.RoleUser, text)}, nil)
+		tokens := prompt + int64(cfg.LLMMaxTokens)
+		cost, err := b.Cost(model, prompt, int64(cfg.LLMMaxTokens))
+		if err != nil {
+			cost = 0
+		}
+		return tokens, cost
+	}
 }
 
 // minRunCost is the money one minimal run reserves, on the primary model.
