@@ -32,8 +32,10 @@ const (
 const charRunLimit = 24
 
 // instructionOverride catches attempts to make the model drop its own
-// instructions, in English and Chinese (simplified and traditional).
-var instructionOverride = regexp.MustCompile(`(?i)` +
+// instructions, in English and Chinese (simplified and traditional). The
+// built-in patterns have no (?i): they match canon.Skeleton, which is
+// lower case already, and RE2 runs faster without case folding.
+var instructionOverride = regexp.MustCompile(`` +
 	// "ignore (all of) (the) previous instructions", "disregard your prior rules"
 	`\b(?:ignore|disregard|forget|override|bypass)(?:\s+(?:all|any|every|of|the|your|my|these|those|previous|prior|earlier|preceding))*` +
 	`\s+(?:previous|prior|above|earlier|preceding|former|system|original)\s+` +
@@ -53,7 +55,7 @@ const loopVerbs = `repeat|repeats|repeated|repeating|say|says|saying|said|print|
 
 // repeatForever catches loop bait: asking the model to produce output
 // without end, which burns tokens until max_tokens.
-var repeatForever = regexp.MustCompile(`(?i)` +
+var repeatForever = regexp.MustCompile(`` +
 	// "repeat this forever", "keep saying hello infinitely", "print X ad infinitum"
 	`\b(?:` + loopVerbs + `)\b[^.!?\n]{0,40}?` +
 	`\b(?:forever|infinitely|indefinitely|endlessly|eternally|ad\s+infinitum|without\s+(?:end|stopping)|non-?stop)\b` +

@@ -205,3 +205,26 @@ func TestFileRulesMatchFoldedText(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckPrompt: the built-in rules over a trip request (a
+// destination and five interests) and over a 2,000-character prompt, each
+// folded and joined as CheckPrompt does.
+func BenchmarkCheckPrompt(b *testing.B) {
+	p := Default(envDefaults)
+	trip := []string{"Lisbon", "street food", "history", "art deco", "nightlife", "São Bento"}
+	prompt := strings.Repeat("Compare the night trains from Vienna to Venice and Rome, with prices. ", 29)
+	b.Run("trip", func(b *testing.B) {
+		for b.Loop() {
+			if _, ok := p.CheckPrompt(trip...); ok {
+				b.Fatal("refused")
+			}
+		}
+	})
+	b.Run("prompt_2000", func(b *testing.B) {
+		for b.Loop() {
+			if _, ok := p.CheckPrompt(prompt); ok {
+				b.Fatal("refused")
+			}
+		}
+	})
+}
