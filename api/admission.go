@@ -243,7 +243,7 @@ func (s *server) checkAITFScore(a *admission) error {
 // checkBody reads and validates the body; the plan language defaults from
 // Accept-Language.
 func (s *server) checkBody(a *admission) error {
-	req, err := readCreateRequest(a.r)
+	req, err := readCreateRequest(a.r, s.input(), s.promptMax())
 	if err != nil {
 		return err
 	}
@@ -319,13 +319,15 @@ func (s *server) checkModelHealth(a *admission) error {
 // checkBudget: can the principal, its tier and the site afford one
 // minimal run, in tokens and in money.
 func (s *server) checkBudget(a *admission) error {
-	return s.affordable(a.r.Context(), a.st, s.d.MinRunTokens, s.d.MinRunCost)
+	tokens, cost := s.minRun(a.req.Request)
+	return s.affordable(a.r.Context(), a.st, tokens, cost)
 }
 
 // checkPacing: the tier's tokens-per-minute bucket must hold one minimal
 // run.
 func (s *server) checkPacing(a *admission) error {
-	return s.paced(a.r.Context(), a.st, s.d.MinRunTokens)
+	tokens, _ := s.minRun(a.req.Request)
+	return s.paced(a.r.Context(), a.st, tokens)
 }
 
 // paced refuses while the principal's tokens-per-minute bucket cannot hold
@@ -404,6 +406,10 @@ func (s *server) storeAndAnswer(a *admission) {
 // keeps it in a.plan; false when there is none (or the cache cannot be
 // read: the request then goes on as without a cache).
 func (s *server) cachedPlan(a *admission) bool {
+	if a.req.Prompt != "" || s.d.PlanCache == nil {
+		// Plans are cached for trips; a prompt's answer is never shared.
+		return false
+	}
 	cr := plancache.Request{Destination: a.req.Destination, Days: a.req.Days, Interests: a.req.Interests, Language: a.req.Language}
 	plan, ok, err := s.d.PlanCache.Get(a.r.Context(), cr)
 	if err != nil || !ok {

@@ -108,7 +108,28 @@ type PublicConfig struct {
 	TurnstileScriptURL string
 	TurnstileTest      bool
 	DevMode            bool
+	// Input is the body POST /api/tasks takes: InputTrip (also when empty)
+	// or InputPrompt (FAREGATE_TASK_INPUT).
+	Input string
+	// PromptMaxChars bounds a prompt in code points of its NFKC form
+	// (FAREGATE_PROMPT_MAX_CHARS; 0: DefaultPromptMaxChars).
+	PromptMaxChars int
 }
+
+// The request forms of POST /api/tasks (FAREGATE_TASK_INPUT).
+const (
+	InputTrip   = "trip"
+	InputPrompt = "prompt"
+)
+
+// DefaultPromptMaxChars is FAREGATE_PROMPT_MAX_CHARS's default, and
+// MaxPromptChars its largest value: a prompt of that many code points of
+// four UTF-8 bytes each, with a Turnstile token of up to 2048 characters,
+// still fits the 16 KiB body of /api.
+const (
+	DefaultPromptMaxChars = 2000
+	MaxPromptChars        = 3000
+)
 
 // Limits are the gate's own bounds.
 type Limits struct {
@@ -152,11 +173,15 @@ type Deps struct {
 	// principal must be able to afford for a task to be admitted; MinRunCost
 	// the same in money micro-units (0: money is off).
 	MinRunTokens, MinRunCost int64
-	Models                   ModelHealth
-	Tasks                    Tasks
-	Store                    TaskStore
-	Events                   Follower
-	AITF                     *aitf.Guard
+	// MinRun, when set, is one minimal run of this request instead of the
+	// fixed MinRunTokens and MinRunCost: with an external agent, the
+	// estimated prompt of the visitor's request plus FAREGATE_LLM_MAX_TOKENS.
+	MinRun func(task.Request) (tokens, costMicro int64)
+	Models ModelHealth
+	Tasks  Tasks
+	Store  TaskStore
+	Events Follower
+	AITF   *aitf.Guard
 	// AITFOptions, when AITF is nil, are the AITF guard's settings: the
 	// server builds the guard itself, filling in its refusal, the
 	// observe-mode count, the visitor key, the route label and the body

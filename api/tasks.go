@@ -143,29 +143,30 @@ func (s *server) handleGetTask() http.Handler {
 
 // configResponse is GET /api/config.
 type configResponse struct {
-	TurnstileSiteKey   string      `json:"turnstile_site_key"`
-	TurnstileScriptURL string      `json:"turnstile_script_url"`
-	TurnstileTest      bool        `json:"turnstile_test"`
-	DevMode            bool        `json:"dev_mode"`
-	ModelStatus        string      `json:"model_status"`
-	OfflineModel       bool        `json:"offline_model"`
-	Limits             limitsBody  `json:"limits"`
-	Input              inputLimits `json:"input"`
-	Languages          []string    `json:"languages"`
+	TurnstileSiteKey   string     `json:"turnstile_site_key"`
+	TurnstileScriptURL string     `json:"turnstile_script_url"`
+	TurnstileTest      bool       `json:"turnstile_test"`
+	DevMode            bool       `json:"dev_mode"`
+	ModelStatus        string     `json:"model_status"`
+	OfflineModel       bool       `json:"offline_model"`
+	Input              string     `json:"input"`
+	Limits             limitsBody `json:"limits"`
+	Languages          []string   `json:"languages"`
 }
 
+// limitsBody is /api/config's limits: the daily and per-minute counts, and
+// the bounds of both request forms' fields (the page checks them before
+// spending a Turnstile token).
 type limitsBody struct {
 	IPDaily           int64 `json:"ip_daily"`
 	GlobalDaily       int64 `json:"global_daily"`
 	RequestsPerMinute int64 `json:"requests_per_minute"`
-}
-
-type inputLimits struct {
-	DestinationMax int `json:"destination_max"`
-	DaysMin        int `json:"days_min"`
-	DaysMax        int `json:"days_max"`
-	InterestsMax   int `json:"interests_max"`
-	InterestMax    int `json:"interest_max"`
+	PromptMaxChars    int   `json:"prompt_max_chars"`
+	DestinationMax    int   `json:"destination_max"`
+	DaysMin           int   `json:"days_min"`
+	DaysMax           int   `json:"days_max"`
+	InterestsMax      int   `json:"interests_max"`
+	InterestMax       int   `json:"interest_max"`
 }
 
 func (s *server) handleConfig() http.Handler {
@@ -182,10 +183,37 @@ func (s *server) handleConfig() http.Handler {
 			DevMode:            s.d.Config.DevMode,
 			ModelStatus:        status,
 			OfflineModel:       offline,
-			Limits:             limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute},
-			Input: inputLimits{DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
+			Input:              s.input(),
+			Limits: limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute,
+				PromptMaxChars: s.promptMax(), DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
 				InterestsMax: interestsMax, InterestMax: interestMax},
 			Languages: []string{task.LangEnglish, task.LangChinese},
 		})
 	})
+}
+
+// minRun is one minimal run of req in tokens and money: the request's own
+// with an external agent (Deps.MinRun), else the built-in planner's fixed
+// reservation of a first call.
+func (s *server) minRun(req task.Request) (tokens, costMicro int64) {
+	if s.d.MinRun != nil {
+		return s.d.MinRun(req)
+	}
+	return s.d.MinRunTokens, s.d.MinRunCost
+}
+
+// promptMax is the longest prompt, in code points.
+func (s *server) promptMax() int {
+	if n := s.d.Config.PromptMaxChars; n > 0 {
+		return n
+	}
+	return DefaultPromptMaxChars
+}
+
+// input is the request form the server takes.
+func (s *server) input() string {
+	if s.d.Config.Input == InputPrompt {
+		return InputPrompt
+	}
+	return InputTrip
 }

@@ -224,8 +224,9 @@ func devConfig(base string) map[string]any {
 	return map[string]any{
 		"turnstile_site_key": "1x00000000000000000000AA", "turnstile_script_url": base + "/ts.js",
 		"turnstile_test": true, "dev_mode": true, "model_status": "ok", "offline_model": true,
-		"limits": map[string]any{"ip_daily": 5, "global_daily": 100},
-		"input":  map[string]any{"destination_max": 80, "days_min": 1, "days_max": 7, "interests_max": 5, "interest_max": 32},
+		"input": "trip",
+		"limits": map[string]any{"ip_daily": 5, "global_daily": 100, "prompt_max_chars": 2000,
+			"destination_max": 80, "days_min": 1, "days_max": 7, "interests_max": 5, "interest_max": 32},
 	}
 }
 
@@ -330,6 +331,8 @@ func TestBrowser(t *testing.T) {
 	t.Run("cached plan", func(t *testing.T) { browserCachedPlan(t, browser) })
 	t.Run("worker lost", func(t *testing.T) { browserWorkerLost(t, browser) })
 	t.Run("plan language", func(t *testing.T) { browserPlanLanguage(t, browser) })
+	t.Run("prompt form and Markdown answer", func(t *testing.T) { browserPromptForm(t, browser) })
+	t.Run("markdown renderer", func(t *testing.T) { browserMarkdown(t, browser) })
 }
 
 // browserTask: a whole task by keyboard on a phone-sized screen, from the

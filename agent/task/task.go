@@ -68,7 +68,9 @@ const (
 	LangChinese = "zh-CN"
 )
 
-// Request is what the visitor asked for, already validated by the API.
+// Request is what the visitor asked for, already validated by the API:
+// a trip (Destination, Days, Interests) or, in the prompt form
+// (FAREGATE_TASK_INPUT=prompt), a Prompt and nothing else but Language.
 type Request struct {
 	Destination string   `json:"destination"`
 	Days        int      `json:"days"`
@@ -76,6 +78,10 @@ type Request struct {
 	// Language is the language the plan is to be written in: LangEnglish
 	// or LangChinese; empty means LangEnglish.
 	Language string `json:"language"`
+	// Prompt is the visitor's text in the prompt form (NFKC, 1 to
+	// FAREGATE_PROMPT_MAX_CHARS code points); a request with a Prompt is
+	// written as {"prompt", "language"} (MarshalJSON).
+	Prompt string `json:"prompt,omitempty"`
 }
 
 // Lang is the request's language with the default applied.

@@ -63,8 +63,8 @@ const failedTask = `{"id":"` + taskID + `","status":"failed",
 
 const config = `{"turnstile_site_key":"1x00000000000000000000AA","turnstile_script_url":"https://challenges.cloudflare.com/turnstile/v0/api.js",
 	"turnstile_test":true,"dev_mode":true,"model_status":"ok","offline_model":true,
-	"limits":{"ip_daily":5,"global_daily":100,"requests_per_minute":120},
-	"input":{"destination_max":80,"days_min":1,"days_max":7,"interests_max":5,"interest_max":32},"languages":["en","zh-CN"]}`
+	"input":"trip","limits":{"ip_daily":5,"global_daily":100,"requests_per_minute":120,"prompt_max_chars":2000,
+	"destination_max":80,"days_min":1,"days_max":7,"interests_max":5,"interest_max":32},"languages":["en","zh-CN"]}`
 
 const usage = `{"principal":{"kind":"key","id":"acme"},"tier":"partner","day":"2026-12-01",
 	"limits":{"tasks_per_day":500,"tokens_per_day":2000000,"tokens_per_minute":100000,"requests_per_minute":600,"max_site_share":0.5},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"faregate/api"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
 	"faregate/protect/plancache"
@@ -58,6 +59,14 @@ type config struct {
 	AgentMaxToolCalls int           `env:"AGENT_MAX_TOOL_CALLS" envDefault:"12"`
 	AgentTimeout      time.Duration `env:"AGENT_TIMEOUT" envDefault:"90s"`
 	AgentConcurrency  int           `env:"AGENT_CONCURRENCY" envDefault:"8"`
+	// AgentURL, when set, is the operator's own agent that each admitted
+	// task is delivered to instead of the built-in trip planner.
+	AgentURL string `env:"AGENT_URL"`
+	// TaskInput is the body POST /api/tasks takes (api.InputTrip or
+	// api.InputPrompt); empty: trip with the built-in planner, prompt with
+	// an external agent (validate fills it in).
+	TaskInput      string `env:"TASK_INPUT"`
+	PromptMaxChars int    `env:"PROMPT_MAX_CHARS" envDefault:"2000"`
 
 	WeatherURL   string `env:"WEATHER_URL" envDefault:"https://api.open-meteo.com/v1/forecast"`
 	GeocodingURL string `env:"GEOCODING_URL" envDefault:"https://geocoding-api.open-meteo.com/v1/search"`
@@ -296,6 +305,29 @@ func configRules() []rule {
 		{"AGENT_MAX_TOOL_CALLS", between(0, 200), nil},
 		{"AGENT_TIMEOUT", atLeast(time.Second), nil},
 		{"AGENT_CONCURRENCY", atLeast(1), nil},
+		{"AGENT_URL", httpURL(), nil},
+		// The form follows the agent unless set: trip for the built-in
+		// planner, prompt for an external agent.
+		{"TASK_INPUT", custom(func(c *config) string {
+			switch c.TaskInput {
+			case "":
+				c.TaskInput = api.InputTrip
+				if c.AgentURL != "" {
+					c.TaskInput = api.InputPrompt
+				}
+			case api.InputTrip:
+			case api.InputPrompt:
+				if c.AgentURL == "" {
+					return "prompt needs an external agent (FAREGATE_AGENT_URL): the built-in trip planner takes trips (destination, days, interests)"
+				}
+			default:
+				return fmt.Sprintf("%q: want trip or prompt", c.TaskInput)
+			}
+			return ""
+		}), []string{"AGENT_URL"}},
+		// The bound keeps the largest prompt (4 UTF-8 bytes a code point)
+		// with a Turnstile token inside the 16 KiB body of /api.
+		{"PROMPT_MAX_CHARS", between(1, api.MaxPromptChars), nil},
 
 		{"DAILY_TOKEN_BUDGET", atLeast[int64](1), nil},
 		{"IP_DAILY_TOKENS", atLeast[int64](1), nil},
@@ -343,8 +375,14 @@ func configRules() []rule {
 		{"ALERT_WEBHOOK_URL", httpURL(), nil},
 		{"PLAN_CACHE", parsed("want off, fallback or always", func(c *config) (err error) {
 			c.cacheMode, err = plancache.ParseMode(c.PlanCache)
+			if c.AgentURL != "" {
+				// Plans are the built-in planner's; an external agent's
+				// answers are never shared between visitors (run prints a
+				// line saying so).
+				c.cacheMode = plancache.ModeOff
+			}
 			return err
-		}), nil},
+		}), []string{"AGENT_URL"}},
 		{"PLAN_CACHE_TTL", atLeast(time.Minute), nil},
 
 		{"CORS_ORIGINS", custom(func(c *config) string {

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 
 	"faregate/agent"
+	"faregate/agent/chat"
+	"faregate/agent/task"
 	"faregate/protect/budget"
 	"faregate/protect/policy"
 )
@@ -132,4 +135,31 @@ func mergedPrices(env budget.Prices, p *policy.Policy) budget.Prices {
 		out[name] = budget.Price{InputMicroPerMTok: pr.InputMicroPerMTok, OutputMicroPerMTok: pr.OutputMicroPerMTok}
 	}
 	return out
+}
+
+// externalMinRun is one minimal run with an external agent (nil with the
+// built-in planner, whose fixed first-call reservation stands): the
+// estimated prompt of the visitor's request, as a user message on the
+// primary model, plus FAREGATE_LLM_MAX_TOKENS, in tokens and in money.
+func externalMinRun(cfg *config, b *budget.Budget, models *agent.Models) func(task.Request) (int64, int64) {
+	if cfg.AgentURL == "" {
+		return nil
+	}
+	estimate := estimator(models)
+	model := models.Next(false).Name
+	return func(r task.Request) (int64, int64) {
+		text := r.Prompt
+		if text == "" {
+			// A trip delivered to the agent: its request as the agent reads it.
+			raw, _ := json.Marshal(r)
+			text = string(raw)
+		}
+		prompt := estimate(model, []chat.Message{chat.Text(chat.RoleUser, text)}, nil)
+		tokens := prompt + int64(cfg.LLMMaxTokens)
+		cost, err := b.Cost(model, prompt, int64(cfg.LLMMaxTokens))
+		if err != nil {
+			cost = 0
+		}
+		return tokens, cost
+	}
 }

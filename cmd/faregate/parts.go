@@ -115,7 +115,14 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 		Alert: ops.alerts.Notify, Logger: lg, Estimate: estimator(models), Registerer: ops.registry,
 		Tracer: tracerFor(tp, "faregate/agent"),
 	})
-	sp.minimal = newMinRun(models, sp.workflow.MinRunTokens(), cfg.LLMMaxTokens)
+	minTokens := sp.workflow.MinRunTokens()
+	if ext := externalMinRun(cfg, sp.budget, models); ext != nil {
+		// An external agent's first call is the visitor's prompt (at its
+		// shortest, one character) plus FAREGATE_LLM_MAX_TOKENS: a budget
+		// that cannot hold that can never admit a task.
+		minTokens, _ = ext(task.Request{Prompt: "x"})
+	}
+	sp.minimal = newMinRun(models, minTokens, cfg.LLMMaxTokens)
 	return sp, nil
 }
 
@@ -223,18 +230,27 @@ func newFront(cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerPro
 	}
 	prober := &prober{rdb: st.redis.main, now: time.Now, warn: func(msg string) { fmt.Fprintln(stdout, msg); lg.Error(msg) }}
 	minimal, bud := sp.minimal, sp.budget
+	// With the built-in planner a minimal run is fixed and priced at each
+	// request (prices follow reloads); with an external agent it is the
+	// request's own, priced when it is measured.
+	minRunOf := externalMinRun(cfg, bud, sp.models)
+	var runCost func() int64
+	if minRunOf == nil {
+		runCost = func() int64 { return minimal.costAt(bud) }
+	}
 	return api.NewServer(api.Deps{
 		Logger: lg, Visitors: st.visitors, Verifier: verifier, Quota: sp.quota, Limiter: sp.limiter,
-		Budget:    admissionBudget{Budget: bud, notify: notify, runCost: func() int64 { return minimal.costAt(bud) }},
+		Budget:    admissionBudget{Budget: bud, notify: notify, runCost: runCost},
 		Policy:    func() api.Policy { return policyView{pol.Current()} },
 		PlanCache: rn.cache, PlanCacheMode: cfg.cacheMode,
-		MinRunTokens: minimal.tokens, MinRunCost: minimal.costAt(bud),
+		MinRunTokens: minimal.tokens, MinRunCost: minimal.costAt(bud), MinRun: minRunOf,
 		Models: sp.models, Tasks: rn.runner, Store: rn.store, Events: rn.hub, AITFOptions: aitfOptions,
 		Web: webHandler, Client: web.Client(), OpenAPI: api.OpenAPIDocument(), CORS: corsMW,
 		Ready: prober.probe,
 		Config: api.PublicConfig{
 			TurnstileSiteKey: cfg.TurnstileSiteKey, TurnstileScriptURL: cfg.TurnstileScriptURL,
 			TurnstileTest: cfg.TurnstileSecret == "", DevMode: len(cfg.embeddedDefaults()) > 0,
+			Input: cfg.TaskInput, PromptMaxChars: cfg.PromptMaxChars,
 		},
 		Limits: api.Limits{
 			GlobalDailyTasks: cfg.GlobalDailyLimit, SiteDailyTokens: cfg.DailyTokenBudget, DailySpendMicro: cfg.spendMicro,

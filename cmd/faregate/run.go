@@ -141,6 +141,9 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		// Loud on purpose: a demo on embedded defaults protects nothing.
 		fmt.Fprintf(stdout, "faregate: EMBEDDED DEFAULT (%s unset): %s\n", d.Variable, d.What)
 	}
+	if cfg.AgentURL != "" {
+		fmt.Fprintf(stdout, "faregate: FAREGATE_AGENT_URL set: an external agent answers (%s form); the plan cache is off, whatever FAREGATE_PLAN_CACHE says (its answers are never shared between visitors)\n", cfg.TaskInput)
+	}
 	quietRedisLog(lg)
 	quietTracingErrors(lg)
 
