@@ -98,7 +98,7 @@ func TestAITFOneToolCallIDCannotFillTheQueue(t *testing.T) {
 	}))
 	t.Cleanup(sv.Close)
 	t.Cleanup(unhold)
-	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "enforce", "FAREGATE_AITF_MAX_QUEUE": "10",
+	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "enforce", "FAREGATE_AITF_MAX_QUEUE": "10", "FAREGATE_AITF_DEGRADE_BACKLOG": "10",
 		"FAREGATE_TURNSTILE_SECRET_KEY": "test-secret", "FAREGATE_TURNSTILE_HOSTNAMES": "demo.example",
 		"FAREGATE_TURNSTILE_VERIFY_URL": sv.URL, "FAREGATE_TURNSTILE_TIMEOUT": "50s", "FAREGATE_IP_DAILY_LIMIT": "50"})
 	defer unhold()
