@@ -66,8 +66,13 @@ var (
 type LimitError struct {
 	Err      error // ErrEventLimit or ErrToolLimit
 	Deadline time.Time
-	now      time.Time
+	// Max is the limit that refused.
+	Max int64
+	now time.Time
 }
+
+// Limit is the limit that refused (the RateLimit policy's quota).
+func (e *LimitError) Limit() int64 { return e.Max }
 
 func (e *LimitError) Error() string { return e.Err.Error() }
 func (e *LimitError) Unwrap() error { return e.Err }
@@ -299,7 +304,7 @@ func (k *Keys) use(ctx context.Context, id, sha, op string, limit int64, data []
 		if op == "tool" {
 			lim = ErrToolLimit
 		}
-		return Grant{}, &LimitError{Err: lim, Deadline: time.UnixMilli(ms), now: k.o.Now()}
+		return Grant{}, &LimitError{Err: lim, Deadline: time.UnixMilli(ms), Max: limit, now: k.o.Now()}
 	case 3:
 		return Grant{}, ErrFinished
 	}
@@ -366,6 +371,19 @@ func (k *Keys) Result(ctx context.Context, g Grant, data []byte) error {
 func (k *Keys) Tool(ctx context.Context, g Grant) error {
 	_, err := k.use(ctx, g.Task, g.sha, "tool", k.o.MaxTools, nil)
 	return err
+}
+
+// Posted is a step reported through the inbox (the data of TypeEvent and
+// TypeStep entries): by the agent (kind agent) or by the model endpoint
+// on its behalf (kind model), with a task warning the run should carry
+// (output_truncated). The lease holder numbers and times it.
+type Posted struct {
+	Kind       string `json:"kind"`
+	Name       string `json:"name"`
+	Status     string `json:"status"`
+	Detail     string `json:"detail,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+	Warning    string `json:"warning,omitempty"`
 }
 
 // Message is one inbox entry.
