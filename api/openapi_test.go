@@ -30,7 +30,7 @@ var (
 	}
 	wantTaskErrorCodes = []string{"model_unavailable", "agent_failed", "worker_lost", "input_spike", "token_rate_limited",
 		"agent_unreachable", "agent_timeout"}
-	wantWarningCodes   = []string{
+	wantWarningCodes = []string{
 		"weather_unavailable", "search_unavailable", "fetch_failed", "downstream_pushback",
 		"budget_exhausted", "output_truncated", "output_loop", "step_limit", "tool_limit",
 		"time_limit", "tool_loop", "low_precision", "fallback_model",
