@@ -77,6 +77,9 @@ type V1 struct {
 	MaxBody int64
 	// MaxFetchBytes bounds max_bytes of a fetch (default 1 MiB).
 	MaxFetchBytes int64
+	// ResultWait bounds how long POST result waits for the lease holder
+	// to store the result (default 60 s; at least 4/3 of the lease).
+	ResultWait time.Duration
 	// Models serves /v1/chat/completions, /v1/responses, /v1/embeddings
 	// and GET /v1/models (nil: those paths answer 404).
 	Models V1Handler
@@ -236,7 +239,8 @@ func (s *server) handleV1Result() http.Handler {
 			s.WriteV1Error(w, r, err)
 			return
 		}
-		if _, err := task.ParseAnswer(body); err != nil {
+		ans, err := task.ParseAnswer(body)
+		if err != nil {
 			s.WriteV1Error(w, r, invalid("body", err.Error()))
 			return
 		}
@@ -244,8 +248,54 @@ func (s *server) handleV1Result() http.Handler {
 			s.WriteV1Error(w, r, err)
 			return
 		}
+		// 204 means stored: wait until the lease holder has made it the
+		// task's result. A holder that died meanwhile never does; the task
+		// ends worker_lost and the answer is 409.
+		if err := s.awaitResult(w, r, g, ans); err != nil {
+			s.WriteV1Error(w, r, err)
+			return
+		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+}
+
+// resultWait bounds how long a posted result waits for the task to end
+// with it: a live holder takes it at once; a dead holder's task is failed
+// within a lease and a third.
+const resultWait = 60 * time.Second
+
+// awaitResult polls the task until it is final: nil when it ended with
+// ans, ErrFinished when it ended otherwise (another answer, worker_lost,
+// the deadline). The key's end cuts the request's context (the holder
+// revokes the key as it takes the result), so the wait does not stop
+// with it; it is bounded by ResultWait.
+func (s *server) awaitResult(w http.ResponseWriter, r *http.Request, g taskkey.Grant, ans task.Answer) error {
+	wait := s.d.V1.ResultWait
+	if wait <= 0 {
+		wait = resultWait
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), wait)
+	defer cancel()
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 5*time.Second))
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rec, err := s.d.Store.Get(ctx, g.Task)
+		if err == nil && rec.Final() {
+			if rec.Status == task.StatusSucceeded && ans.Result != nil && rec.Result != nil && rec.Result.Text == ans.Result.Text {
+				return nil
+			}
+			if rec.Status == task.StatusFailed && ans.Error != nil && rec.Error != nil && rec.Error.Code == task.CodeAgentFailed {
+				return nil
+			}
+			return taskkey.ErrFinished
+		}
+		select {
+		case <-ctx.Done():
+			return nil // taken into the inbox; the holder will save it
+		case <-tick.C:
+		}
+	}
 }
 
 // v1Event is a progress event as the agent posts it.

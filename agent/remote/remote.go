@@ -39,8 +39,9 @@ type Options struct {
 	URL    string
 	Secret string
 	// Callback is the base URL at which the agent reaches faregate
-	// (FAREGATE_AGENT_CALLBACK_URL), without a trailing slash.
-	Callback string
+	// (FAREGATE_AGENT_CALLBACK_URL), without a trailing slash: a func, as
+	// the default is known only once faregate listens.
+	Callback func() string
 	// Model and EmbeddingModel are what the delivery names (the model is
 	// also the result's).
 	Model, EmbeddingModel string
@@ -86,7 +87,6 @@ func New(o Options) *Executor {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	o.Callback = strings.TrimRight(o.Callback, "/")
 	return &Executor{o: o}
 }
 
@@ -181,13 +181,14 @@ func (e *Executor) Run(ctx context.Context, rec *task.Record, progress agent.Pro
 		}
 	}()
 
+	cb := strings.TrimRight(e.o.Callback(), "/")
 	body, err := json.Marshal(Delivery{
 		Task: DeliveryTask{ID: rec.ID, Request: deliveryRequest(rec.Request), Deadline: deadline, SentAt: e.o.Now().UTC().Truncate(time.Second)},
-		OpenAI: DeliveryOpenAI{BaseURL: e.o.Callback + "/v1", APIKey: key, Model: e.o.Model,
+		OpenAI: DeliveryOpenAI{BaseURL: cb + "/v1", APIKey: key, Model: e.o.Model,
 			EmbeddingModel: e.o.EmbeddingModel},
-		Tools:     DeliveryTools{FetchURL: e.o.Callback + "/v1/tools/fetch"},
-		EventsURL: e.o.Callback + "/v1/tasks/" + rec.ID + "/events",
-		ResultURL: e.o.Callback + "/v1/tasks/" + rec.ID + "/result",
+		Tools:     DeliveryTools{FetchURL: cb + "/v1/tools/fetch"},
+		EventsURL: cb + "/v1/tasks/" + rec.ID + "/events",
+		ResultURL: cb + "/v1/tasks/" + rec.ID + "/result",
 	})
 	if err != nil {
 		return err
@@ -354,8 +355,8 @@ type run struct {
 	answer   *task.Answer
 }
 
-// follow applies the inbox as it fills until ctx ends; the first posted
-// answer goes to posted.
+// follow applies the inbox as it fills until ctx ends or the agent's
+// answer arrives, which goes to posted (buffered: one send at most).
 func (r *run) follow(ctx context.Context, posted chan<- task.Answer) {
 	r.last = "0"
 	backoff := 100 * time.Millisecond
@@ -379,10 +380,9 @@ func (r *run) follow(ctx context.Context, posted chan<- task.Answer) {
 		backoff = 100 * time.Millisecond
 		for _, m := range msgs {
 			if a := r.apply(m); a != nil {
-				select {
-				case posted <- *a:
-				default:
-				}
+				// The answer is final: what follows it is left to drain.
+				posted <- *a
+				return
 			}
 		}
 	}

@@ -55,7 +55,16 @@ type config struct {
 	AgentMaxSteps     int           `env:"AGENT_MAX_STEPS" envDefault:"6"`
 	AgentMaxToolCalls int           `env:"AGENT_MAX_TOOL_CALLS" envDefault:"12"`
 	AgentTimeout      time.Duration `env:"AGENT_TIMEOUT" envDefault:"90s"`
-	AgentConcurrency  int           `env:"AGENT_CONCURRENCY" envDefault:"8"`
+	AgentConcurrency  int           `env:"AGENT_CONCURRENCY" envDefault:"0"`
+
+	// The operator's own agent (config_agent.go).
+	AgentURL         string `env:"AGENT_URL"`
+	AgentSecret      string `env:"AGENT_SECRET"`
+	AgentCallbackURL string `env:"AGENT_CALLBACK_URL"`
+	AgentMaxCalls    int    `env:"AGENT_MAX_CALLS" envDefault:"40"`
+	AgentMaxParallel int    `env:"AGENT_MAX_PARALLEL" envDefault:"4"`
+	EmbeddingModel   string `env:"EMBEDDING_MODEL"`
+	V1MaxBody        int64  `env:"V1_MAX_BODY" envDefault:"2097152"`
 
 	WeatherURL   string `env:"WEATHER_URL" envDefault:"https://api.open-meteo.com/v1/forecast"`
 	GeocodingURL string `env:"GEOCODING_URL" envDefault:"https://geocoding-api.open-meteo.com/v1/search"`
@@ -285,9 +294,10 @@ func (c *config) validate() error {
 	if c.AgentTimeout < time.Second {
 		bad("FAREGATE_AGENT_TIMEOUT: want at least 1s")
 	}
-	if c.AgentConcurrency < 1 {
-		bad("FAREGATE_AGENT_CONCURRENCY: want at least 1")
+	if c.AgentConcurrency < 0 {
+		bad("FAREGATE_AGENT_CONCURRENCY: want 0 (automatic) or more")
 	}
+	c.validateAgent(bad)
 	if c.DailyTokenBudget < 1 || c.IPDailyTokens < 1 || c.TaskTokenLimit < 1 {
 		bad("FAREGATE_DAILY_TOKEN_BUDGET, FAREGATE_IP_DAILY_TOKENS and FAREGATE_TASK_TOKEN_LIMIT: want at least 1")
 	}

@@ -126,6 +126,8 @@ type app struct {
 	alerts   *alert.Notifier
 	hup      chan struct{}
 	closers  []func()
+	// callback is set once faregate listens (external agent only).
+	callback *callbackURL
 }
 
 func (a *app) close() {
@@ -239,12 +241,18 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Tracer: tracerFor(tp, "faregate/agent"),
 	})
 
+	// With FAREGATE_AGENT_URL the operator's agent runs each task (remote.go).
+	var exec agent.Executor = wf
+	var v1 *api.V1
+	if ext := buildExternalAgent(cfg, rdb, rcs.queue, models, lg, stdout); ext != nil {
+		exec, v1, a.callback = ext.exec, ext.v1, ext.callback
+	}
 	store := taskstore.New(rdb)
 	// Followers read the task's record through the readers' pool as well:
 	// a thousand followers arriving at once must not queue on the gate's.
 	a.hub = taskstore.NewHub(taskstore.New(rcs.streams), rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
 	cache := plancache.New(rdb, plancache.Options{TTL: cfg.PlanCacheTTL, Registerer: reg})
-	a.runner = agent.NewRunner(store, wf, agent.RunnerOptions{
+	a.runner = agent.NewRunner(store, exec, agent.RunnerOptions{
 		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout, Queue: rcs.queue,
 		Release: func(ctx context.Context, rec task.Record) error {
 			_, err := bud.ReleaseTask(ctx, rec.Day, rec.ID)
@@ -313,6 +321,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		},
 		Registry: reg, Metrics: cfg.MetricsAddr == "",
 		Tracer: tracerFor(tp, "faregate/api"),
+		V1:     v1,
 	})
 	a.server = srv
 	return a, nil
@@ -463,6 +472,10 @@ func (a *app) serve(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", a.cfg.Addr, err)
+	}
+	// Before any task is taken: deliveries name it.
+	if a.callback != nil && a.callback.get() == "" {
+		a.callback.set(a.cfg.agentCallback(ln.Addr()))
 	}
 	lim := connlimit.Wrap(ln, connlimit.Options{Max: maxConnections(a.cfg.MaxConnections), PerPeer: a.cfg.ConnectionsPerPeer,
 		Exempt: clientip.NewResolver(a.cfg.trusted, "", nil).TrustedAddr, Registerer: a.registry})
