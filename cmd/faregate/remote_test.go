@@ -535,3 +535,70 @@ func TestExternalAgentUnreachable(t *testing.T) {
 	}
 	waitLog(t, s.Out, 5*time.Second, "agent unreachable", `"attempts":3`)
 }
+
+// TestExternalAgentKilledReplica: the replica that delivered a task is
+// killed (-9) while its agent works (lease 3 s). The task ends
+// worker_lost, seen on the other replica, within 4/3 of the lease plus
+// 5 s; a result the agent posts to the other replica meanwhile is refused
+// (409 or 401) and never stored; the key is refused from then on.
+func TestExternalAgentKilledReplica(t *testing.T) {
+	redistest.Require(t)
+	bin := buildFaregate(t, t.TempDir())
+	rs := redistest.Start(t)
+	agent := newFakeAgent(t)
+	env := agentEnv(rs.URL(), agent.srv.URL, map[string]string{
+		"FAREGATE_TASK_LEASE": processLease.String(), "FAREGATE_AGENT_TIMEOUT": "60s"})
+	a := startChild(t, bin, env)
+	id := createTrip(t, a.URL, "silent")
+	deadline := time.Now().Add(20 * time.Second)
+	for len(agent.delivered("silent")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no delivery from the child within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d := agent.delivered("silent")[0]
+	// Started after the delivery: the task is the child's.
+	b := startServer(t, env)
+	agent.replicas = []string{a.URL, b.URL}
+	if st, raw := agent.post(b.URL, d.Body.EventsURL, d.Body.OpenAI.APIKey, `{"name":"work","status":"started"}`); st != 204 {
+		t.Fatalf("event through the other replica while the child lives: %d %s", st, raw)
+	}
+
+	killedAt := time.Now()
+	a.Kill()
+	posted := make(chan int, 1)
+	go func() {
+		st, _ := agent.post(b.URL, d.Body.ResultURL, d.Body.OpenAI.APIKey, `{"result":{"text":"too late"}}`)
+		posted <- st
+	}()
+	limit := processLease*4/3 + 5*time.Second
+	got, ok := pollTask(t, b.URL, id, limit, statusIs("failed"))
+	took := time.Since(killedAt)
+	if !ok {
+		t.Fatalf("task not failed within 4/3 lease + 5 s of the kill: %v", got)
+	}
+	if e, _ := got["error"].(map[string]any); e["code"] != task.CodeWorkerLost {
+		t.Fatalf("failed with %v, want worker_lost", got["error"])
+	}
+	select {
+	case st := <-posted:
+		if st != 409 && st != 401 {
+			t.Fatalf("result posted while the task was being lost: %d, want 409 or 401", st)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the result post did not come back")
+	}
+	if _, has := got["result"]; has {
+		t.Fatalf("a result was stored for the lost task: %v", got["result"])
+	}
+	keyRefused(t, d.Body.OpenAI.APIKey, id, b.URL)
+	if st, _ := agent.post(b.URL, d.Body.ResultURL, d.Body.OpenAI.APIKey, `{"result":{"text":"later still"}}`); st != 401 {
+		t.Fatalf("result after worker_lost: %d, want 401", st)
+	}
+	final, _ := pollTask(t, b.URL, id, time.Second, statusIs("failed"))
+	if _, has := final["result"]; has || final["status"] != "failed" {
+		t.Fatalf("task changed after worker_lost: %v", final)
+	}
+	t.Logf("kill -9 → worker_lost on the other replica in %v (limit %v); the key refused from then on", took.Round(time.Millisecond), limit)
+}
