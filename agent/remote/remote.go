@@ -194,13 +194,13 @@ func (e *Executor) Run(ctx context.Context, rec *task.Record, progress agent.Pro
 		return err
 	}
 
+	// The reader only reads; every entry is applied here, in order, so
+	// the record has one writer and the run's end need not wait for a
+	// blocked read to return.
 	readCtx, stopReading := context.WithCancel(ctx)
-	posted := make(chan task.Answer, 1)
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		r.follow(readCtx, posted)
-	}()
+	defer stopReading()
+	batches := make(chan []taskkey.Message)
+	go r.follow(readCtx, batches)
 	delivered := make(chan outcome, 1)
 	postCtx, stopPost := context.WithCancel(ctx)
 	defer stopPost()
@@ -236,9 +236,13 @@ wait:
 				break wait
 			}
 			accepted = true
-		case a := <-posted:
-			final = &a
-			break wait
+		case msgs := <-batches:
+			for _, m := range msgs {
+				if a := r.apply(m); a != nil {
+					final = a
+					break wait
+				}
+			}
 		case <-ctx.Done():
 			failed = ended()
 			break wait
@@ -246,7 +250,6 @@ wait:
 	}
 	stopPost()
 	stopReading()
-	<-readDone
 	// Revoke first, then read what is left: whatever the key could still
 	// write is in the inbox by now, and nothing comes after.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -350,18 +353,19 @@ type run struct {
 	rec      *task.Record
 	progress agent.Progress
 	lg       *slog.Logger
-	last     string            // the last inbox entry applied
+	last     string            // the last inbox entry applied ("": none)
 	opened   map[int]time.Time // seq → start of steps reported started
 	answer   *task.Answer
 }
 
-// follow applies the inbox as it fills until ctx ends or the agent's
-// answer arrives, which goes to posted (buffered: one send at most).
-func (r *run) follow(ctx context.Context, posted chan<- task.Answer) {
-	r.last = "0"
+// follow reads the inbox as it fills and hands each batch over, until ctx
+// ends. Its cursor is its own: a batch read but not taken when the run
+// ends is read again by drain, from the last entry applied.
+func (r *run) follow(ctx context.Context, batches chan<- []taskkey.Message) {
+	cursor := "0"
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		msgs, err := r.e.o.Keys.Read(ctx, r.e.o.Inbox, r.rec.ID, r.last, time.Second)
+		msgs, err := r.e.o.Keys.Read(ctx, r.e.o.Inbox, r.rec.ID, cursor, time.Second)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -378,12 +382,14 @@ func (r *run) follow(ctx context.Context, posted chan<- task.Answer) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		for _, m := range msgs {
-			if a := r.apply(m); a != nil {
-				// The answer is final: what follows it is left to drain.
-				posted <- *a
-				return
-			}
+		if len(msgs) == 0 {
+			continue
+		}
+		cursor = msgs[len(msgs)-1].ID
+		select {
+		case batches <- msgs:
+		case <-ctx.Done():
+			return
 		}
 	}
 }
