@@ -180,7 +180,8 @@ func (s *server) v1Auth(next http.Handler) http.Handler {
 		}
 		ctx, done := keys.Watch(r.Context(), g)
 		defer done()
-		next.ServeHTTP(w, r.WithContext(taskkey.WithGrant(ctx, g)))
+		ctx = context.WithValue(taskkey.WithGrant(ctx, g), v1WriterKey{}, s)
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -436,6 +437,21 @@ func v1Type(status int, code string) string {
 // its own refusals through it (or by returning them from its V1Handler).
 func (srv *Server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error) {
 	srv.s.WriteV1Error(w, r, err)
+}
+
+type v1WriterKey struct{}
+
+// WriteV1Error answers err for a /v1 handler behind the task key (the
+// model endpoint), from the one error table in the OpenAI shape, without
+// a reference to the Server: the request carries it.
+func WriteV1Error(w http.ResponseWriter, r *http.Request, err error) {
+	if s, ok := r.Context().Value(v1WriterKey{}).(*server); ok {
+		s.WriteV1Error(w, r, err)
+		return
+	}
+	jsonHeaders(w.Header())
+	w.WriteHeader(http.StatusInternalServerError)
+	_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"Something went wrong on our side.","type":"api_error"}}` + "\n"))
 }
 
 // WriteV1Error is Server.WriteV1Error.
