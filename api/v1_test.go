@@ -63,7 +63,9 @@ func v1Do(srv http.Handler, method, path, key, ct, body string) *httptest.Respon
 
 func v1Code(t *testing.T, w *httptest.ResponseRecorder) (code, typ string) {
 	t.Helper()
-	var e struct{ Error struct{ Code, Message, Type string } }
+	var e struct {
+		Error struct{ Code, Message, Type string }
+	}
 	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" {
 		t.Fatalf("not an OpenAI-shaped error: %d %s", w.Code, w.Body)
 	}
