@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
@@ -21,6 +22,12 @@ type Model struct {
 	Name string
 	// Offline marks the built-in deterministic demo planner.
 	Offline bool
+	// BaseURL, APIKey and HTTPClient are the model's upstream, for a
+	// caller that relays raw HTTP to it (the model endpoint); empty for the
+	// offline model, which has no upstream.
+	BaseURL    string
+	APIKey     string
+	HTTPClient *http.Client
 }
 
 // Models routes calls to the primary model through its circuit breaker,
@@ -88,7 +95,9 @@ func (m *Models) Do(ctx context.Context, lowPrecision bool, call func(ctx contex
 	if ctx.Err() != nil {
 		return m.Primary, false, err
 	}
-	if m.Fallback == nil {
+	if m.Fallback == nil || errors.Is(err, errStarted) {
+		// An answer that had reached the client cannot start over on
+		// another model.
 		if errors.Is(err, breaker.ErrOpen) {
 			return m.Primary, false, fmt.Errorf("%w: %v", ErrModelUnavailable, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"faregate/agent/task"
+	"faregate/protect/canon"
 )
 
 // systemPrompt tells the model its job, its tools and the answer format.
@@ -26,11 +27,19 @@ var languageNames = map[string]string{
 }
 
 // userPrompt is the first user message of a run: the request in words,
-// and the language the plan is to be written in.
+// and the language the plan is to be written in. The visitor's text is
+// given in NFKC, as the contract says the model sees it: the api stores it
+// so already, and a record written otherwise must not show the model a
+// spelling the plan cache would not key (plancache.CheckRequest refuses
+// it).
 func userPrompt(r task.Request) string {
 	interests := "none in particular"
 	if len(r.Interests) > 0 {
-		interests = strings.Join(r.Interests, ", ")
+		in := make([]string, len(r.Interests))
+		for i, s := range r.Interests {
+			in[i] = canon.NFKC(s)
+		}
+		interests = strings.Join(in, ", ")
 	}
 	lang, ok := languageNames[r.Lang()]
 	if !ok {
@@ -38,7 +47,7 @@ func userPrompt(r task.Request) string {
 	}
 	return fmt.Sprintf("Plan %d day(s) in %s. Interests: %s.\n"+
 		"Write the summary, the day titles and the items in %s; keep the JSON keys in English and place names as the guide gives them.",
-		r.Days, r.Destination, interests, lang)
+		r.Days, canon.NFKC(r.Destination), interests, lang)
 }
 
 // closingPrompt is added as a user message to the one call without tools

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"strings"
+
+	"faregate/agent/task"
 	"testing"
 )
 
@@ -40,5 +43,14 @@ func TestCanonicalArgs(t *testing.T) {
 	}
 	if canonicalArgs(`{"location":"Lisbon"}`) == canonicalArgs(`{"location":"Porto"}`) {
 		t.Fatal("different arguments compare equal")
+	}
+}
+
+// TestUserPromptNFKC: the model is given the visitor's text in NFKC, with
+// its case (#19 item 7).
+func TestUserPromptNFKC(t *testing.T) {
+	got := userPrompt(task.Request{Destination: "ＬＩＳＢＯＮ", Days: 2, Interests: []string{"ﬁsh", "Sa\u0303o"}})
+	if !strings.Contains(got, "Plan 2 day(s) in LISBON.") || !strings.Contains(got, "Interests: fish, São.") {
+		t.Fatalf("userPrompt = %q", got)
 	}
 }

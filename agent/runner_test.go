@@ -12,6 +12,7 @@ import (
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -48,17 +49,15 @@ func newRunner(t *testing.T, rdb redis.UniversalClient, wf Executor, name string
 // the runner's work in other goroutines), failing after d.
 func waitStatus(t *testing.T, s *taskstore.Store, id, status string, d time.Duration) task.Record {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		rec, err := s.Get(context.Background(), id)
-		if err == nil && rec.Status == status {
-			return rec
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s: status %q (err %v), want %q within %v", id, rec.Status, err, status, d)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var rec task.Record
+	var err error
+	if !clocktest.Poll(d, func() bool {
+		rec, err = s.Get(context.Background(), id)
+		return err == nil && rec.Status == status
+	}) {
+		t.Fatalf("task %s: status %q (err %v), want %q within %v", id, rec.Status, err, status, d)
 	}
+	return rec
 }
 
 // TestRunnerRunsQueuedTasks: tasks submitted anywhere run on a free worker
@@ -82,17 +81,10 @@ func TestRunnerRunsQueuedTasks(t *testing.T) {
 					t.Fatalf("result %+v", rec.Result)
 				}
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			clocktest.Eventually(t, 10*time.Second, "an empty queue after every task finished", func() bool {
 				n, err := r.Depth(context.Background())
-				if err == nil && n == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("queue depth %d after every task finished", n)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return err == nil && n == 0
+			})
 		})
 	}
 }

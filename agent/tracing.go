@@ -84,17 +84,6 @@ func (r *Runner) startRun(ctx context.Context, rec *task.Record) (context.Contex
 // provider call to its settle, which is its child.
 type modelSpan struct{ span oteltrace.Span }
 
-// startModel starts the model.call span of an attempt on model, which
-// holds a reservation of reserved tokens.
-func (r *run) startModel(ctx context.Context, model string, reserved int64) (context.Context, modelSpan) {
-	if r.w.d.Tracer == nil {
-		return ctx, modelSpan{}
-	}
-	ctx, span := r.w.d.Tracer.Start(ctx, spanModel, oteltrace.WithSpanKind(oteltrace.SpanKindClient),
-		oteltrace.WithAttributes(attrGenAIOperation.String("chat"), attrGenAIModel.String(model), attrReserved.Int64(reserved)))
-	return ctx, modelSpan{span}
-}
-
 // end records what the attempt used (the provider's report, or the
 // estimate it was settled with) and how it ended.
 func (m modelSpan) end(outcome string, prompt, completion int64, estimated bool, waited int64) {
@@ -111,11 +100,11 @@ func (m modelSpan) end(outcome string, prompt, completion int64, estimated bool,
 
 // startSettle starts the budget.settle span of reservation res; end
 // records what the settle charged, or that it failed.
-func (w *Workflow) startSettle(ctx context.Context, res budget.Reservation) (context.Context, func(budget.Settlement, error)) {
-	if w.d.Tracer == nil {
+func (g *Governor) startSettle(ctx context.Context, res budget.Reservation) (context.Context, func(budget.Settlement, error)) {
+	if g.d.Tracer == nil {
 		return ctx, func(budget.Settlement, error) {}
 	}
-	ctx, span := w.d.Tracer.Start(ctx, spanSettle, oteltrace.WithAttributes(attrGenAIModel.String(res.Model), attrReserved.Int64(res.Tokens)))
+	ctx, span := g.d.Tracer.Start(ctx, spanSettle, oteltrace.WithAttributes(attrGenAIModel.String(res.Model), attrReserved.Int64(res.Tokens)))
 	return ctx, func(s budget.Settlement, err error) {
 		if err != nil {
 			// The budget's error names Redis at most; the code says enough.

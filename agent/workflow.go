@@ -24,6 +24,7 @@ import (
 	"faregate/agent/tools"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/pause"
 	"faregate/protect/ratelimit"
 	"faregate/protect/tracing"
 )
@@ -70,13 +71,18 @@ const DefaultSitePaceWait = 30 * time.Second
 // it (*budget.Budget).
 type Budget interface {
 	Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error)
-	Settle(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
+	// SettleCall settles and, with call.Ledger set, writes the call's
+	// ledger entry in the same idempotent script.
+	SettleCall(ctx context.Context, r budget.Reservation, call budget.Call) (budget.Settlement, error)
+	// Charged is what SettleCall charges: the provider's report, or the
+	// conservative charge of one it cannot believe.
+	Charged(r budget.Reservation, call budget.Call) (prompt, completion int64, implausible bool)
 }
 
-// Ledger records one entry per model call that reached a model
-// (*budget.Ledger).
+// Ledger counts the entry of each model call that reached a model
+// (*budget.Ledger); with a Ledger set, the settle writes the entry.
 type Ledger interface {
-	Append(ctx context.Context, e budget.Entry) error
+	Count(e budget.Entry)
 }
 
 // Limiter is the part of the rate limiter (*ratelimit.Limiter) a model
@@ -141,6 +147,8 @@ type Workflow struct {
 	cfg     Config
 	d       Deps // defaults applied
 	metrics *modelMetrics
+	// gov makes every model call of a run (govern.go).
+	gov *Governor
 }
 
 // NewWorkflow assembles a workflow from cfg and d, defaults applied.
@@ -164,20 +172,13 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 			return chat.EstimatePrompt(msgs, tools)
 		}
 	}
+	w.gov = &Governor{cfg: w.cfg, d: w.d, metrics: w.metrics}
 	return w
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// sleep waits d or until ctx ends. It stays only for runner.go's three
+// calls (that file is being changed elsewhere); new code calls pause.For.
+func sleep(ctx context.Context, d time.Duration) error { return pause.For(ctx, d) }
 
 // Models returns the workflow's model router (for health and config).
 func (w *Workflow) Models() *Models { return w.d.Models }

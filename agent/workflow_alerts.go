@@ -44,7 +44,7 @@ func clipBytes(s string, n int) string {
 }
 
 // scopeName names a budget scope of this run for an alert.
-func (r *run) scopeName(s budget.Scope, name string) string {
+func scopeName(s budget.Scope, name string) string {
 	switch s {
 	case budget.ScopePrincipal:
 		return "principal:" + shownPrincipal(name)
@@ -62,33 +62,49 @@ func unit(s budget.Scope) string {
 	return "tokens"
 }
 
+// callAlerts raises the alerts of one governed call's task and principal.
+type callAlerts struct {
+	notify          func(alert.Alert) // nil: none
+	task, principal string
+}
+
 // alert hands a to the caller's Alert, if any.
-func (r *run) alert(a alert.Alert) {
-	if r.w.d.Alert == nil {
+func (r callAlerts) alert(a alert.Alert) {
+	if r.notify == nil {
 		return
 	}
 	if a.Details == nil {
 		a.Details = map[string]any{}
 	}
-	a.Details["task"] = r.rec.ID
-	a.Details["principal"] = shownPrincipal(r.rec.Principal)
-	r.w.d.Alert(a)
+	a.Details["task"] = r.task
+	a.Details["principal"] = shownPrincipal(r.principal)
+	r.notify(a)
 }
 
 // alertWarnings raises budget_warning for each daily scope a reservation
 // or settlement took past 80% first today.
-func (r *run) alertWarnings(events []budget.ScopeEvent) {
+func (r callAlerts) alertWarnings(events []budget.ScopeEvent) {
 	for _, e := range events {
-		scope := r.scopeName(e.Scope, e.Name)
+		scope := scopeName(e.Scope, e.Name)
 		r.alert(alert.Alert{Event: alert.BudgetWarning, Scope: scope, Severity: alert.Warning,
-			Text:    fmt.Sprintf("%s has used 80%% of its daily budget: %d of %d %s", scope, e.Used, e.Limit, unit(e.Scope)),
+			Text:    fmt.Sprintf("%s has used %s of its daily budget: %d of %d %s", scope, share(e.Used, e.Limit), e.Used, e.Limit, unit(e.Scope)),
 			Details: map[string]any{"scope": string(e.Scope), "used": e.Used, "limit": e.Limit, "unit": unit(e.Scope)}})
 	}
 }
 
+// share is used as a whole percentage of limit, rounded down: the real
+// share, which one overage can take far past the 80% that raised the
+// warning. Computed in floating point, so no provider number overflows it.
+func share(used, limit int64) string {
+	if limit <= 0 {
+		return "all"
+	}
+	return fmt.Sprintf("%.0f%%", math.Floor(float64(used)/float64(limit)*100))
+}
+
 // alertExhausted raises budget_exhausted on a scope's first refusal of the
 // day (the budget decides which is first, once across replicas).
-func (r *run) alertExhausted(ex *budget.ExhaustedError, req budget.Request) {
+func (r callAlerts) alertExhausted(ex *budget.ExhaustedError, req budget.Request) {
 	if !ex.First {
 		return
 	}
@@ -101,7 +117,7 @@ func (r *run) alertExhausted(ex *budget.ExhaustedError, req budget.Request) {
 	case budget.ScopeTask:
 		name = req.Task
 	}
-	scope := r.scopeName(ex.Scope, name)
+	scope := scopeName(ex.Scope, name)
 	r.alert(alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
 		Text: fmt.Sprintf("%s has exhausted its daily budget: model calls are refused until midnight UTC", scope),
 		Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit(ex.Scope),
@@ -109,7 +125,7 @@ func (r *run) alertExhausted(ex *budget.ExhaustedError, req budget.Request) {
 }
 
 // alertOverage raises overage when a settlement charged beyond its hold.
-func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
+func (r callAlerts) alertOverage(res budget.Reservation, s budget.Settlement) {
 	if s.OverageTokens <= 0 && s.OverageCostMicro <= 0 {
 		return
 	}
@@ -117,9 +133,9 @@ func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
 	if s.Late {
 		late = " (settled after its reservation had been given back)"
 	}
-	r.alert(alert.Alert{Event: alert.Overage, Scope: "task:" + r.rec.ID, Severity: alert.Warning,
+	r.alert(alert.Alert{Event: alert.Overage, Scope: "task:" + r.task, Severity: alert.Warning,
 		Text: fmt.Sprintf("task %s used %d tokens on %s, %d over its reservation of %d%s",
-			r.rec.ID, s.Tokens, res.Model, s.OverageTokens, res.Tokens, late),
+			r.task, s.Tokens, res.Model, s.OverageTokens, res.Tokens, late),
 		Details: map[string]any{"model": res.Model, "reserved_tokens": res.Tokens, "reserved_cost_micro": res.CostMicro,
 			"used_tokens": s.Tokens, "used_cost_micro": s.CostMicro,
 			"overage_tokens": s.OverageTokens, "overage_cost_micro": s.OverageCostMicro, "late": s.Late}})
@@ -127,8 +143,8 @@ func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
 
 // alertSpike raises anomaly for an input spike: a call whose prompt was
 // over 10× the principal's average, which was not made.
-func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
-	who := shownPrincipal(r.rec.Principal)
+func (r callAlerts) alertSpike(prompt int64, d ratelimit.CallDecision) {
+	who := shownPrincipal(r.principal)
 	details := map[string]any{"kind": "input_spike", "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
 		"anomalies_in_hour": d.AnomaliesInHour}
 	if d.BlockedFor > 0 {
@@ -138,4 +154,15 @@ func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
 		Text: fmt.Sprintf("input spike from %s: a prompt of %d tokens against an average of %.0f; the call was not made (%d in the last hour)",
 			who, prompt, d.EMA, d.AnomaliesInHour),
 		Details: details})
+}
+
+// alertImplausible raises usage_implausible for a provider's report the
+// budget would not charge as it stood. It is the provider's doing, not the
+// visitor's: scoped to the model, never counted as the visitor's anomaly.
+func (r callAlerts) alertImplausible(model string, res budget.Reservation, call budget.Call, charged int64) {
+	r.alert(alert.Alert{Event: alert.UsageImplausible, Scope: "model:" + model, Severity: alert.Warning,
+		Text: fmt.Sprintf("%s reported a usage faregate cannot charge as it stands; the call was charged %d tokens (reserved %d, counted %d)",
+			model, charged, res.Tokens, call.Counted),
+		Details: map[string]any{"model": model, "raw_usage": call.Raw, "reserved_tokens": res.Tokens,
+			"counted_tokens": call.Counted, "charged_tokens": charged}})
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -117,6 +118,37 @@ func TestBudgetWarningAlerts(t *testing.T) {
 		t.Fatalf("spend warning details %+v", d)
 	}
 	noFullHash(t, r.alerts.All())
+}
+
+// TestBudgetWarningSaysTheRealShare: the warning's text gives the share
+// actually used. One overage run can take a scope from under 80% to far
+// past its limit; the text said "80%" whatever the share ("has used 80%
+// of its daily budget: 80000 of 40000 tokens").
+func TestBudgetWarningSaysTheRealShare(t *testing.T) {
+	r := newRig(answers(chat.Usage{}))
+	r.budget.SettleFn = func(_ context.Context, _ budget.Reservation, p, c int64) (budget.Settlement, error) {
+		return budget.Settlement{Tokens: p + c, Warnings: []budget.ScopeEvent{
+			{Scope: budget.ScopePrincipal, Name: visitor, Used: 80000, Limit: 40000},
+			{Scope: budget.ScopeSite, Used: 163999, Limit: 200000},
+			{Scope: budget.ScopeSpend, Used: math.MaxInt64, Limit: 1},
+		}}, nil
+	}
+	if _, err := r.run(t, lisbon); err != nil {
+		t.Fatal(err)
+	}
+	got := r.alerts.Of(alert.BudgetWarning)
+	if len(got) != 3 {
+		t.Fatalf("%d warnings", len(got))
+	}
+	for i, want := range []string{"has used 200% of its daily budget: 80000 of 40000 tokens", "has used 81% of its daily budget: 163999 of 200000 tokens",
+		"% of its daily budget: 9223372036854775807 of 1 micro-units"} {
+		if !strings.Contains(got[i].Text, want) {
+			t.Errorf("warning %d: %q, want %q", i, got[i].Text, want)
+		}
+	}
+	if strings.Contains(got[2].Text, "used 80%") || strings.Contains(got[2].Text, "used -") {
+		t.Errorf("the largest share: %q", got[2].Text)
+	}
 }
 
 // TestBudgetExhaustedAlert: the first refusal of a scope today raises

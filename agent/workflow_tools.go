@@ -68,7 +68,12 @@ func (r *run) toolCall(ctx context.Context, id, name, args string, depth int) to
 		r.warn(obs.Warning)
 	}
 	status, detail := "ok", summarize(obs.Text)
-	if obs.Failed {
+	switch {
+	case obs.Degraded:
+		// The plan goes on with a stand-in (the text says which): shown
+		// as such, not as a failure beside the task's warning.
+		status = "degraded"
+	case obs.Failed:
 		status = "failed"
 	}
 	r.endStep(st, status, detail)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"faregate/agent/task"
+	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
@@ -100,7 +101,7 @@ func budgetRefusal(t *testing.T, now time.Time) error {
 // refusing policy with the same t, in one table.
 func TestErrorTable(t *testing.T) {
 	now := time.Date(2026, 12, 1, 18, 48, 0, 0, time.UTC)
-	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000}}, errors: newErrorTable(errorRows())}
+	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000, FailedChecksPerHour: 20, StreamsPerPrincipal: 4}}, errors: newErrorTable(errorRows())}
 	tier := Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
 	cases := []struct {
 		name   string
@@ -124,14 +125,19 @@ func TestErrorTable(t *testing.T) {
 		{"site day", &quota.LimitError{Err: quota.ErrGlobalLimit, Limit: 100, After: quota.UntilReset(now)}, 429, CodeGlobalLimit, "18720", `"daily";r=0;t=18720`},
 		{"key day", &quota.LimitError{Err: quota.ErrKeyLimit, Limit: 500, After: quota.UntilReset(now)}, 429, CodeKeyDailyLimit, "18720", `"daily";r=0;t=18720`},
 		{"budget", budgetRefusal(t, now), 429, CodeBudgetExhausted, "18720", `"budget";r=10;t=18720`},
-		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, CodeTooManyStreams, "5", ""},
+		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, CodeTooManyStreams, "5", `"streams";r=0;t=5`},
 		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
 		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
-		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, CodeTooManyFailedChecks, "1800", ""},
-		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, CodeTooManyFailedChecks, "90", ""},
-		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", ""},
+		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, CodeTooManyFailedChecks, "1800", `"failed";r=0;t=1800`},
+		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, CodeTooManyFailedChecks, "90", `"failed";r=0;t=90`},
+		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
 		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, CodeTokenRateLimited, "12", `"tpm";r=0;t=12`},
 		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, CodeTokenRateLimited, "10", `"tpm";r=0;t=10`},
+		{"task key's events", &taskkey.LimitError{Err: taskkey.ErrEventLimit, Max: 200, After: 30 * time.Second}, 429, CodeEventLimit, "30", `"task";r=0;t=30`},
+		{"task key's fetches", &taskkey.LimitError{Err: taskkey.ErrToolLimit, Max: 12, After: 1500 * time.Millisecond}, 429, CodeToolLimit, "2", `"task";r=0;t=2`},
+		{"result taken", taskkey.ErrFinished, 409, CodeTaskFinished, "", ""},
+		{"fetch refused", fmt.Errorf("%w: private address", ErrFetchRefused), 400, CodeFetchRefused, "", ""},
+		{"task key refused", taskkey.ErrInvalid, 401, CodeInvalidAPIKey, "", ""},
 		{"panic", errPanic, 500, CodeInternal, "", ""},
 		{"unknown", errors.New("something else"), 500, CodeInternal, "", ""},
 		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
@@ -172,6 +178,9 @@ func TestErrorTable(t *testing.T) {
 			if got := w.Header().Get("RateLimit"); got != tc.rl {
 				t.Fatalf("RateLimit %q, want %q", got, tc.rl)
 			}
+			if tc.status == http.StatusTooManyRequests && (tc.rl == "" || w.Header().Get("RateLimit-Policy") == "") {
+				t.Fatalf("a 429 without RateLimit fields: %q / %q", w.Header().Get("RateLimit-Policy"), w.Header().Get("RateLimit"))
+			}
 			if tc.rl != "" && !strings.HasSuffix(tc.rl, "t="+tc.retry) {
 				t.Fatalf("the case itself is wrong: t must equal Retry-After")
 			}
@@ -179,6 +188,17 @@ func TestErrorTable(t *testing.T) {
 				t.Fatalf("content type %q", ct)
 			}
 		})
+	}
+	// Every code of the table is met above, so no 429 escapes the check
+	// that it names its policy.
+	met := map[string]bool{}
+	for _, tc := range cases {
+		met[tc.code] = true
+	}
+	for code := range s.errors.byCode {
+		if !met[code] {
+			t.Errorf("no case answers %s", code)
+		}
 	}
 	// The invalid envelope names its fields; the prompt refusal its rule.
 	for _, c := range []struct {
@@ -302,7 +322,7 @@ func TestMemo(t *testing.T) {
 
 func TestSetRateLimit(t *testing.T) {
 	h := http.Header{}
-	setRateLimit(h, rlItem{"daily", 5, 86400, 4, 3600}, rlItem{"rpm", 120, 60, -1, 60})
+	setRateLimit(h, rlItem{name: "daily", q: 5, w: 86400, r: 4, t: 3600}, rlItem{name: "rpm", q: 120, w: 60, r: -1, t: 60})
 	if got := h.Get("RateLimit-Policy"); got != `"daily";q=5;w=86400, "rpm";q=120;w=60` {
 		t.Fatalf("policy %q", got)
 	}

@@ -112,83 +112,75 @@ func (s *server) subject(st *state) quota.Subject {
 	return quota.Subject{Visitor: st.principal.ID, Limit: st.tier.TasksPerDay, Global: s.d.Limits.GlobalDailyTasks}
 }
 
-// remembered answers creations that are refused from memory: a principal
-// (or the site) already over a daily task limit, a visitor over its
-// failed-check limit, a principal blocked for input spikes. No Redis call,
-// and not counted by the request window: a flood of these costs nothing.
-func (s *server) remembered(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st := stateOf(r)
-		if err := s.d.Quota.Remembered(s.subject(st)); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		if err := s.memo.refusal(st.principal); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// window is the request window (seed 001's L1): a sliding minute per
-// principal, shared by every replica through Redis, over every /api request
-// but the documents. For creations the same round trip also checks the
-// failed-check log (visitors) and the anomaly block, and remembers a
-// refusal of either for as long as it lasts.
+// window is the request window (seed 001's L1) as middleware, for the
+// routes other than POST /api/tasks (whose order runs windowCheck itself).
 func (s *server) window(creation bool) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			st := stateOf(r)
-			// A principal the window refused is refused again from memory
-			// until a request fits: nothing frees a slot sooner, so this is
-			// exact, and a flood of it costs no Redis call.
-			if err := s.limited.refusal(st.principal); err != nil {
+			switch err := s.windowCheck(r, stateOf(r), creation); err {
+			case nil:
+				next.ServeHTTP(w, r)
+			case errGone:
+			default:
 				s.writeErr(w, r, err)
-				return
 			}
-			// And one principal holds at most a few window checks at once,
-			// so a burst from one address waits behind itself, not in
-			// front of everyone else's requests on the gate's Redis pool.
-			release, err := s.inflight.acquire(r.Context(), st.principal)
-			if err != nil {
-				if errors.Is(err, context.DeadlineExceeded) {
-					s.writeErr(w, r, err) // out of time in the lane: busy
-				}
-				return // else the client left while waiting: nobody to answer
-			}
-			req := ratelimit.GateRequest{
-				Scope:             st.principal.Scope(),
-				RequestsPerMinute: st.tier.RequestsPerMinute,
-				CheckAnomaly:      creation,
-				Op:                opID(),
-			}
-			if creation && st.principal.Kind == KindVisitor {
-				req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
-			}
-			ctx, end := s.span(r.Context(), "gate.window")
-			d, err := s.d.Limiter.Gate(ctx, req)
-			release()
-			if err == nil {
-				err = d.Err()
-			}
-			end(err)
-			st.window = d
-			if err != nil {
-				var re *ratelimit.RefusedError
-				if errors.As(err, &re) {
-					if re.Reason == ratelimit.ReasonRateLimited {
-						s.limited.remember(st.principal, re.Unwrap(), re.RetryAfter())
-					} else {
-						s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
-					}
-				}
-				s.writeErr(w, r, err)
-				return
-			}
-			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// windowCheck is the request window: a sliding minute per principal,
+// shared by every replica through Redis, over every /api request but the
+// documents. For creations the same round trip also checks the
+// failed-check log (visitors) and the anomaly block, and remembers a
+// refusal of either for as long as it lasts. errGone: the client left
+// while waiting for its lane.
+func (s *server) windowCheck(r *http.Request, st *state, creation bool) error {
+	// A principal the window refused is refused again from memory until a
+	// request fits: nothing frees a slot sooner, so this is exact, and a
+	// flood of it costs no Redis call.
+	if err := s.limited.refusal(st.principal); err != nil {
+		return err
+	}
+	// And one principal holds at most a few window checks at once, so a
+	// burst from one address waits behind itself, not in front of everyone
+	// else's requests on the gate's Redis pool.
+	release, err := s.inflight.acquire(r.Context(), st.principal)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return err // out of time in the lane: busy
+		}
+		return errGone
+	}
+	req := ratelimit.GateRequest{
+		Scope:             st.principal.Scope(),
+		RequestsPerMinute: st.tier.RequestsPerMinute,
+		CheckAnomaly:      creation,
+		Op:                opID(),
+	}
+	if creation && st.principal.Kind == KindVisitor {
+		req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
+	}
+	ctx, end := s.span(r.Context(), "gate.window")
+	d, err := s.d.Limiter.Gate(ctx, req)
+	release()
+	if err == nil {
+		s.deps.redis.ok()
+		err = d.Err()
+	}
+	end(err)
+	st.window = d
+	if err != nil {
+		var re *ratelimit.RefusedError
+		if errors.As(err, &re) {
+			if re.Reason == ratelimit.ReasonRateLimited {
+				s.limited.remember(st.principal, re.Unwrap(), re.RetryAfter())
+			} else {
+				s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
+			}
+		}
+		return err
+	}
+	return nil
 }
 
 // opID is a fresh idempotency id for one script call.

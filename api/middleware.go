@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
+	"faregate/protect/randhex"
 	"faregate/protect/ratelimit"
 )
 
@@ -46,9 +46,11 @@ type state struct {
 	span trace.SpanContext
 
 	// Allocated with the state, so a request costs one allocation for all
-	// three: the response recorder and the X-Request-Id header value.
+	// of them: the response recorder, the X-Request-Id header value, and
+	// a creation's admission.
 	rec   recorder
 	idHdr [1]string
+	adm   admission
 }
 
 type stateKey struct{}
@@ -83,21 +85,8 @@ func validRequestID(s string) bool {
 }
 
 // newRequestID is 96 random bits in hex. It names a request in logs and
-// answers; it is no secret, so the fast generator serves.
-func newRequestID() string {
-	var b [24]byte
-	const hexd = "0123456789abcdef"
-	x, y := rand.Uint64(), rand.Uint32()
-	for i := 0; i < 16; i++ {
-		b[i] = hexd[x&0xf]
-		x >>= 4
-	}
-	for i := 16; i < 24; i++ {
-		b[i] = hexd[y&0xf]
-		y >>= 4
-	}
-	return string(b[:])
-}
+// answers.
+func newRequestID() string { return randhex.New(12) }
 
 // recorder remembers the status and size for the access log and metrics,
 // and still lets SSE flush (Unwrap reaches the connection's writer).
@@ -204,9 +193,11 @@ func (s *server) visitor(r *http.Request) (clientip.Visitor, error) {
 }
 
 // finish recovers a panic into a 500, then counts and logs the request.
-// Logging follows one rule: a refused request (4xx) writes no line of its
-// own at the default level (the summary counts it); successful reads log at
-// debug; admissions and every 5xx log one line.
+// Logging follows one rule: a refused request writes no line of its own at
+// the default level (the summary counts it), 4xx and the 5xx that shed load
+// or report an outage alike (summarised); an outage writes one line when
+// its dependency's state changes (dependencies); successful reads log at
+// debug; admissions, internal errors and any other 5xx log one line each.
 func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 	if v := recover(); v != nil {
 		if v == http.ErrAbortHandler {
@@ -226,10 +217,13 @@ func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 
 	lg := s.d.Logger
 	switch {
-	case st.status >= 500:
+	case st.status >= 500 && !summarised(st.code):
 		s.m.denials.WithLabelValues(st.code).Inc()
 		lg.LogAttrs(context.Background(), slog.LevelWarn, "request failed", s.accessAttrs(r, st, route, took)...)
 	case st.status >= 400:
+		if dep := s.deps.failedBy(st.err); dep != nil && st.status >= 500 {
+			dep.failed(st, st.err)
+		}
 		s.m.denials.WithLabelValues(st.code).Inc()
 		var buf [80]byte
 		s.summary.add(st.code, st.appendPrincipal(buf[:0]))

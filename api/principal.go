@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 )
@@ -136,6 +137,30 @@ func (m *memo) refusal(p Principal) error {
 		return nil
 	}
 	return &retryError{err: e.err, after: left}
+}
+
+// forget drops the remembered refusals of the principals match selects.
+func (m *memo) forget(match func(memoKey) bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	maps.DeleteFunc(m.m, func(k memoKey, _ memoEntry) bool { return match(k) })
+}
+
+// ForgetDenials forgets the request-window refusals (rate_limited) a policy
+// reload made wrong, for policy.Store's OnChange: every visitor's when
+// visitors is set (the public tier was raised), and those of the keys
+// named (policy.RaisedKeys). The other refusals remembered here do not
+// depend on the policy: the failed-check and anomaly blocks are the
+// environment's, and the daily task limits' memory (protect/quota) is
+// kept with the limit it refused at, so a raise already admits.
+func (srv *Server) ForgetDenials(visitors bool, keys []string) {
+	ids := make(map[string]bool, len(keys))
+	for _, id := range keys {
+		ids[id] = true
+	}
+	srv.s.limited.forget(func(k memoKey) bool {
+		return (visitors && k.kind == KindVisitor) || (k.kind == KindKey && ids[k.id])
+	})
 }
 
 // inflight bounds the window checks one principal has in flight in this

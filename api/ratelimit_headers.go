@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"time"
 
 	"faregate/protect/budget"
 	"faregate/protect/quota"
@@ -12,22 +11,31 @@ import (
 )
 
 // The RateLimit policies (draft-ietf-httpapi-ratelimit-headers) faregate
-// advertises: tasks per day, tokens per day, requests per minute, tokens
-// per minute.
+// advertises: tasks per day, tokens per day, money per day, requests per
+// minute, tokens per minute, failed checks per hour, input spikes per hour,
+// and concurrent event streams. Every 429 names one of them.
 const (
-	policyDaily  = "daily"
-	policyBudget = "budget"
-	policyRPM    = "rpm"
-	policyTPM    = "tpm"
-	policySpend  = "spend"
+	policyDaily   = "daily"
+	policyBudget  = "budget"
+	policyRPM     = "rpm"
+	policyTPM     = "tpm"
+	policySpend   = "spend"
+	policyFailed  = "failed"
+	policyAnomaly = "anomaly"
+	policyStreams = "streams"
 )
 
-// rlItem is one policy's quota (q per w seconds) and its state: r left,
-// t seconds until that changes.
+// unitConcurrent is the draft's quota unit for a limit on requests at once
+// (a stream cap has no window).
+const unitConcurrent = `"concurrent-requests"`
+
+// rlItem is one policy's quota (q per w seconds; w 0: no window, then unit
+// says what q counts) and its state: r left, t seconds until that changes.
 type rlItem struct {
 	name string
 	q, w int64
 	r, t int64
+	unit string
 }
 
 // setRateLimit writes the RateLimit-Policy and RateLimit fields for items,
@@ -47,8 +55,14 @@ func setRateLimit(h http.Header, items ...rlItem) {
 		b = append(b, it.name...)
 		b = append(b, `";q=`...)
 		b = strconv.AppendInt(b, max(it.q, 0), 10)
-		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, it.w, 10)
+		if it.w > 0 {
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, it.w, 10)
+		}
+		if it.unit != "" {
+			b = append(b, ";qu="...)
+			b = append(b, it.unit...)
+		}
 	}
 	split := len(b)
 	for i, it := range items {
@@ -68,47 +82,57 @@ func setRateLimit(h http.Header, items ...rlItem) {
 	h["Ratelimit"] = vals[1:2:2]
 }
 
-// rateLimitHeaders names, on a 429, the policy that refused, with the same
-// t as the Retry-After it goes with (one rounding rule: ceilSeconds).
-func (s *server) rateLimitHeaders(h http.Header, st *state, err error) {
-	if err == nil || st == nil {
+// rateLimitHeaders names, on a 429 with code, the policy that refused. Its
+// t is the Retry-After the answer carries (secs), so the two cannot differ;
+// the policy follows from the code, so no 429 goes without one.
+func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err error, secs int64) {
+	if st == nil {
 		return
 	}
-	if le, ok := err.(*quota.LimitError); ok {
-		// The refusal path's own error: no chain to walk.
-		setRateLimit(h, rlItem{policyDaily, le.Limit, 86400, 0, ceilSeconds(le.RetryAfter())})
-		return
-	}
-	var (
-		le *quota.LimitError
-		be *budget.ExhaustedError
-		re *ratelimit.RefusedError
-		we *ratelimit.WaitTooLongError
-	)
-	switch {
-	case errors.As(err, &le):
-		setRateLimit(h, rlItem{policyDaily, le.Limit, 86400, 0, ceilSeconds(le.RetryAfter())})
-	case errors.As(err, &be):
-		if be.Scope == budget.ScopeTask {
-			return // not a rate: the task's own cap
+	switch code {
+	case CodeIPLimit, CodeGlobalLimit, CodeKeyDailyLimit:
+		q := st.tier.TasksPerDay
+		if le, ok := err.(*quota.LimitError); ok {
+			// The refusal path's own error: no chain to walk (and no
+			// allocation for errors.As's target).
+			q = le.Limit
+		} else if l, ok := wrappedLimit(err); ok {
+			q = l
+		} else if code == CodeGlobalLimit {
+			q = s.d.Limits.GlobalDailyTasks
+		}
+		setRateLimit(h, rlItem{name: policyDaily, q: q, w: 86400, t: secs})
+	case CodeBudgetExhausted:
+		var be *budget.ExhaustedError
+		if !errors.As(err, &be) {
+			setRateLimit(h, rlItem{name: policyBudget, q: s.d.Limits.SiteDailyTokens, w: 86400, t: secs})
+			return
 		}
 		name, q := s.budgetQuota(st, be.Scope)
-		setRateLimit(h, rlItem{name, q, 86400, be.Remaining, ceilSeconds(be.RetryAfter())})
-	case errors.As(err, &re):
-		switch re.Reason {
-		case ratelimit.ReasonRateLimited:
-			setRateLimit(h, rlItem{policyRPM, st.tier.RequestsPerMinute, 60, 0, ceilSeconds(re.RetryAfter())})
-		case ratelimit.ReasonTokenRateLimited:
-			setRateLimit(h, rlItem{policyTPM, st.tier.TokensPerMinute, 60, 0, ceilSeconds(re.RetryAfter())})
-		}
-	case errors.As(err, &we):
-		setRateLimit(h, rlItem{policyTPM, st.tier.TokensPerMinute, 60, 0, ceilSeconds(we.RetryAfter())})
-	case errors.Is(err, ratelimit.ErrRateLimited):
-		// A window refusal answered again from memory.
-		if ra, ok := err.(interface{ RetryAfter() time.Duration }); ok {
-			setRateLimit(h, rlItem{policyRPM, st.tier.RequestsPerMinute, 60, 0, ceilSeconds(ra.RetryAfter())})
-		}
+		setRateLimit(h, rlItem{name: name, q: q, w: 86400, r: be.Remaining, t: secs})
+	case CodeRateLimited:
+		setRateLimit(h, rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, t: secs})
+	case CodeTokenRateLimited:
+		setRateLimit(h, rlItem{name: policyTPM, q: st.tier.TokensPerMinute, w: 60, t: secs})
+	case CodeTooManyFailedChecks:
+		setRateLimit(h, rlItem{name: policyFailed, q: s.d.Limits.FailedChecksPerHour, w: 3600, t: secs})
+	case CodeAnomalyBlocked:
+		setRateLimit(h, rlItem{name: policyAnomaly, q: ratelimit.AnomalyThreshold, w: 3600, t: secs})
+	case CodeTooManyStreams:
+		setRateLimit(h, rlItem{name: policyStreams, q: int64(s.d.Limits.StreamsPerPrincipal), unit: unitConcurrent, t: secs})
+	case CodeEventLimit, CodeToolLimit:
+		// A task's own limit (v1.go): it lasts as long as the task.
+		setRateLimit(h, rlItem{name: policyTask, q: limitOf(err), w: secs, t: secs})
 	}
+}
+
+// wrappedLimit is the limit of a quota refusal deeper in err's chain.
+func wrappedLimit(err error) (int64, bool) {
+	var le *quota.LimitError
+	if errors.As(err, &le) {
+		return le.Limit, true
+	}
+	return 0, false
 }
 
 // budgetQuota names the policy of a refusing budget scope and its daily
@@ -130,9 +154,9 @@ func (s *server) budgetQuota(st *state, scope budget.Scope) (string, int64) {
 // them: its remaining would need a read of the bucket on every admission.)
 func (s *server) admissionHeaders(h http.Header, st *state, dec quota.Decision) {
 	reset := ceilSeconds(dec.Reset.Sub(s.d.Now()))
-	items := []rlItem{{policyDaily, st.tier.TasksPerDay, 86400, dec.Remaining, reset}}
+	items := []rlItem{{name: policyDaily, q: st.tier.TasksPerDay, w: 86400, r: dec.Remaining, t: reset}}
 	if st.tier.RequestsPerMinute > 0 {
-		items = append(items, rlItem{policyRPM, st.tier.RequestsPerMinute, 60, st.window.Remaining, ceilSeconds(st.window.Reset)})
+		items = append(items, rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, r: st.window.Remaining, t: ceilSeconds(st.window.Reset)})
 	}
 	setRateLimit(h, items...)
 }

@@ -67,6 +67,7 @@ func (s *server) handleReady() http.Handler {
 			s.writeErr(w, r, err)
 			return
 		}
+		s.deps.redis.ok()
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 }

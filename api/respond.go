@@ -62,8 +62,16 @@ func (s *server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	jsonHeaders(h)
 	if secs, ok := retryAfter(spec, err); ok {
 		setRetryAfter(h, secs)
+		if spec.status == http.StatusTooManyRequests {
+			s.rateLimitHeaders(h, st, spec.code, err, secs)
+		}
 	}
-	s.rateLimitHeaders(h, st, err)
+	if spec.status == http.StatusRequestEntityTooLarge {
+		// The rest of the body is never read: without a close, net/http
+		// would read it before answering (a chunked body that never ends:
+		// until the read timeout), or read it as the next request.
+		h["Connection"] = hdrCloseConn
+	}
 	var fields map[string]string
 	var message string
 	switch spec.code {

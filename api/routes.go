@@ -12,14 +12,16 @@ import (
 
 // router is the whole HTTP surface on one screen. The order of the checks
 // matters and follows the contract: the front middleware (id, visitor,
-// connection limit) for everything; then, for /api paths, CORS, the body's
-// shape from its headers, and the principal (a bad key is 401); then per
-// route the request window and the AITF scorer. POST /api/tasks runs its
-// own further checks in order (tasks.go). The routes sit in one flat tree:
-// a request is routed once (a mounted sub-router would route it twice).
+// connection limit) for everything; then, for /api paths, CORS, and for
+// requests a route serves (others are 404 or 405 whatever their headers)
+// the body's shape from its headers and the principal (a bad key is 401);
+// then per route the request window and the AITF scorer. POST /api/tasks
+// runs its own list of checks in order (admission.go). The routes sit in one
+// flat tree: a request is routed once (a mounted sub-router would route it
+// twice).
 func (s *server) router() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.front, s.apiOnly(s.serverSpan, s.d.CORS, s.bodyShape, s.principal))
+	r.Use(s.front, s.apiOnly(s.serverSpan, s.d.CORS, s.routedOnly(r, s.bodyShape, s.principal)))
 
 	r.Method(http.MethodGet, "/healthz", handleHealth())
 	r.Method(http.MethodGet, "/readyz", s.handleReady())
@@ -36,9 +38,8 @@ func (s *server) router() http.Handler {
 		r.Method(http.MethodGet, "/api/client.d.ts", s.d.Client)
 	}
 
-	// POST /api/tasks refuses from memory before the window (tasks.go),
-	// and scores AITF only once its cheap refusals are behind it.
-	r.With(s.remembered, s.deadline, s.window(true), s.aitfScore).Method(http.MethodPost, "/api/tasks", s.handleCreateTask())
+	// POST /api/tasks is its list of checks, in order (admission.go).
+	r.Method(http.MethodPost, "/api/tasks", s.admit(s.createChecks(), s.storeAndAnswer))
 
 	read := r.With(s.deadline, s.window(false), s.aitfScore, s.aitfDelay)
 	read.Method(http.MethodGet, "/api/config", s.handleConfig())
@@ -94,8 +95,9 @@ func (s *server) deadline(next http.Handler) http.Handler {
 func isAPI(path string) bool { return path == "/api" || strings.HasPrefix(path, "/api/") }
 
 // apiOnly applies the middleware (nil ones skipped), in order, to /api
-// paths only: before routing, so a CORS preflight or a bad key is answered
-// whatever the method and path.
+// paths only: before routing, so a CORS preflight is answered whatever the
+// method and path (and a bad key whatever the route's method, once
+// routedOnly has found that the route exists).
 func (s *server) apiOnly(mws ...func(http.Handler) http.Handler) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		api := next
@@ -112,6 +114,57 @@ func (s *server) apiOnly(mws ...func(http.Handler) http.Handler) func(http.Handl
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// routedOnly applies mws (in order) only to requests some route serves by
+// method and path. The rest go straight on to routing, which answers 404 or
+// 405 with Allow: whether a method exists does not depend on the headers.
+// Their body is never read, so the connection is closed after the answer
+// (net/http would otherwise read what is left of it first).
+func (s *server) routedOnly(routes chi.Routes, mws ...func(http.Handler) http.Handler) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		routed := next
+		for i := len(mws) - 1; i >= 0; i-- {
+			routed = mws[i](routed)
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodOptions || s.routable(routes, r.Method, routePath(r)) {
+				// OPTIONS is CORS's (answered before this when it is on).
+				routed.ServeHTTP(w, r)
+				return
+			}
+			if r.ContentLength != 0 {
+				w.Header()["Connection"] = hdrCloseConn
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// routePath is the path chi routes r by: the escaped form when the URL has
+// one (an id holding %2F is one segment), else the path.
+func routePath(r *http.Request) string {
+	if r.URL.RawPath != "" {
+		return r.URL.RawPath
+	}
+	if r.URL.Path == "" {
+		return "/"
+	}
+	return r.URL.Path
+}
+
+// routable reports whether a route serves method on path. Its scratch
+// contexts are recycled, so the check costs no allocation per request.
+func (s *server) routable(routes chi.Routes, method, path string) bool {
+	rc, _ := s.routeCtxs.Get().(*chi.Context)
+	if rc == nil {
+		rc = chi.NewRouteContext()
+	} else {
+		rc.Reset()
+	}
+	ok := routes.Match(rc, method, path)
+	s.routeCtxs.Put(rc)
+	return ok
 }
 
 // allMethods are the methods a 405's Allow header may list.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -107,7 +108,28 @@ type PublicConfig struct {
 	TurnstileScriptURL string
 	TurnstileTest      bool
 	DevMode            bool
+	// Input is the body POST /api/tasks takes: InputTrip (also when empty)
+	// or InputPrompt (FAREGATE_TASK_INPUT).
+	Input string
+	// PromptMaxChars bounds a prompt in code points of its NFKC form
+	// (FAREGATE_PROMPT_MAX_CHARS; 0: DefaultPromptMaxChars).
+	PromptMaxChars int
 }
+
+// The request forms of POST /api/tasks (FAREGATE_TASK_INPUT).
+const (
+	InputTrip   = "trip"
+	InputPrompt = "prompt"
+)
+
+// DefaultPromptMaxChars is FAREGATE_PROMPT_MAX_CHARS's default, and
+// MaxPromptChars its largest value: a prompt of that many code points of
+// four UTF-8 bytes each, with a Turnstile token of up to 2048 characters,
+// still fits the 16 KiB body of /api.
+const (
+	DefaultPromptMaxChars = 2000
+	MaxPromptChars        = 3000
+)
 
 // Limits are the gate's own bounds.
 type Limits struct {
@@ -151,11 +173,20 @@ type Deps struct {
 	// principal must be able to afford for a task to be admitted; MinRunCost
 	// the same in money micro-units (0: money is off).
 	MinRunTokens, MinRunCost int64
-	Models                   ModelHealth
-	Tasks                    Tasks
-	Store                    TaskStore
-	Events                   Follower
-	AITF                     *aitf.Guard
+	// MinRun, when set, is one minimal run of this request instead of the
+	// fixed MinRunTokens and MinRunCost: with an external agent, the
+	// estimated prompt of the visitor's request plus FAREGATE_LLM_MAX_TOKENS.
+	MinRun func(task.Request) (tokens, costMicro int64)
+	Models ModelHealth
+	Tasks  Tasks
+	Store  TaskStore
+	Events Follower
+	AITF   *aitf.Guard
+	// AITFOptions, when AITF is nil, are the AITF guard's settings: the
+	// server builds the guard itself, filling in its refusal, the
+	// observe-mode count, the visitor key, the route label and the body
+	// limit (aitfguard.go).
+	AITFOptions *aitf.Options
 	// Web serves the page at / (nil: no page); Client serves the typed
 	// client module at /api/client.js and its types.
 	Web, Client http.Handler
@@ -199,6 +230,10 @@ type server struct {
 	inflight *inflight
 	ready    *readiness
 	routes   routeNames
+	// deps logs the state changes of Redis and siteverify.
+	deps dependencies
+	// routeCtxs holds scratch route contexts (routable).
+	routeCtxs sync.Pool
 }
 
 // NewServer returns the HTTP API.
@@ -222,6 +257,10 @@ func NewServer(d Deps) *Server {
 		limited:  newMemo(200_000, d.Now),
 		inflight: newInflight(inflightPerPrincipal),
 		ready:    &readiness{probe: d.Ready, now: d.Now},
+		deps:     newDependencies(d.Limits.SummaryInterval, d.Now, d.Logger),
+	}
+	if d.AITF == nil && d.AITFOptions != nil {
+		s.d.AITF = s.newAITF(*d.AITFOptions)
 	}
 	s.m.streams(d.Registry, s.streams)
 	return &Server{h: s.router(), s: s}
@@ -241,7 +280,7 @@ func (srv *Server) Observed(*http.Request, aitf.Result) { srv.s.summary.note("ai
 
 // RefuseAITF answers 503 aitf_queue_full (the AITF guard's Refuse).
 func (srv *Server) RefuseAITF(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
-	srv.s.writeErr(w, r, &retryError{aitf.ErrQueueFull, retryAfter})
+	srv.s.refuseAITF(w, r, retryAfter)
 }
 
 // PrincipalScope names a request's principal for the AITF behaviour memory

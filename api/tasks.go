@@ -2,11 +2,9 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -15,7 +13,6 @@ import (
 	"faregate/protect/budget"
 	"faregate/protect/plancache"
 	"faregate/protect/quota"
-	"faregate/protect/ratelimit"
 	"faregate/protect/turnstile"
 )
 
@@ -44,135 +41,6 @@ func countsOf(p Principal, d quota.Decision) quotaCounts {
 // errModelUnavailable refuses creations while the primary's breaker is
 // open and no fallback is configured (503 model_unavailable).
 var errModelUnavailable = errors.New("api: model unavailable")
-
-// handleCreateTask is the gate. Its middleware answered the connection
-// limit, the body's headers, the key, the refusals known from memory and
-// the request window (routes.go); the rest runs here in the contract's
-// order, and a request stopped early consumes nothing later in the chain:
-// invalid_request → prompt_rejected → AITF delay and Turnstile (public lane)
-// → daily task limits → plan cache (always) → model health → token and money
-// budget (a cached plan in fallback mode) → token_rate_limited → queue
-// bound → the counting script → store → enqueue → 202.
-func (s *server) handleCreateTask() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st := stateOf(r)
-		ctx := r.Context()
-		req, err := readCreateRequest(r)
-		if err != nil {
-			if errors.Is(err, ErrInvalid) {
-				s.failedCheck(r, st)
-			}
-			s.writeErr(w, r, err)
-			return
-		}
-		if req.Language == "" {
-			req.Language = languageFrom(r.Header.Get("Accept-Language"))
-		}
-		if rule, bad := st.policy.CheckPrompt(promptTexts(req)...); bad {
-			s.failedCheck(r, st)
-			s.writeErr(w, r, &PromptRejectedError{Rule: rule})
-			return
-		}
-
-		if st.principal.Kind == KindVisitor {
-			release, err := s.admitAITF(w, r)
-			if err != nil {
-				if errors.Is(err, aitf.ErrQueueFull) {
-					s.writeErr(w, r, err)
-				}
-				// Otherwise the client left while queued: nobody to answer.
-				return
-			}
-			defer release()
-			start := time.Now()
-			vctx, end := s.span(ctx, "gate.turnstile")
-			err = end(s.d.Verifier.Verify(vctx, req.Token, st.visitor.RemoteIP()))
-			s.m.siteverify.WithLabelValues(verifyOutcome(err)).Observe(time.Since(start).Seconds())
-			if err != nil {
-				if errors.Is(err, turnstile.ErrRejected) {
-					s.failedCheck(r, st)
-				}
-				s.writeErr(w, r, err)
-				return
-			}
-		}
-
-		subj := s.subject(st)
-		start := time.Now()
-		qctx, end := s.span(ctx, "gate.quota_check")
-		_, err = s.d.Quota.Check(qctx, subj)
-		end(err)
-		s.m.quota.WithLabelValues("check", quotaOutcome(err)).Observe(time.Since(start).Seconds())
-		if err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-
-		cacheReq := plancache.Request{Destination: req.Destination, Days: req.Days, Interests: req.Interests, Language: req.Language}
-		if s.cacheMode() == plancache.ModeAlways {
-			if s.serveCached(w, r, st, subj, req, cacheReq, nil) {
-				return
-			}
-		}
-		if s.d.Models != nil && s.d.Models.Status() == task.ModelUnavailable {
-			s.refuseOrCached(w, r, st, subj, req, cacheReq, errModelUnavailable)
-			return
-		}
-		if err := s.affordable(ctx, st); err != nil {
-			if errors.Is(err, budget.ErrExhausted) {
-				s.refuseOrCached(w, r, st, subj, req, cacheReq, err)
-				return
-			}
-			s.writeErr(w, r, err)
-			return
-		}
-		if tpm := st.tier.TokensPerMinute; tpm > 0 {
-			ok, wait, err := s.d.Limiter.Peek(ctx, st.principal.Scope(), tpm, s.d.MinRunTokens)
-			switch {
-			case errors.Is(err, ratelimit.ErrTooLarge):
-				// The tier's bucket can never hold one run: a policy mistake,
-				// answered as the refusal it amounts to.
-				s.writeErr(w, r, &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: time.Minute})
-				return
-			case err != nil:
-				s.writeErr(w, r, err)
-				return
-			case !ok:
-				s.writeErr(w, r, &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: wait})
-				return
-			}
-		}
-		if depth, err := s.d.Tasks.Depth(ctx); err != nil {
-			s.writeErr(w, r, err)
-			return
-		} else if depth >= s.d.Limits.QueueMax {
-			s.writeErr(w, r, &retryError{ErrServerBusy, retryAfterUnavailable})
-			return
-		}
-
-		start = time.Now()
-		tctx, end := s.span(ctx, "gate.quota_take")
-		dec, err := s.d.Quota.Take(tctx, subj)
-		end(err)
-		s.m.quota.WithLabelValues("take", quotaOutcome(err)).Observe(time.Since(start).Seconds())
-		if err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		rec := s.newRecord(r, st, req)
-		// The task must outlive the request: a client that leaves after being
-		// counted still gets its task.
-		sctx, end := s.span(context.WithoutCancel(ctx), "gate.submit")
-		rec, err = s.d.Tasks.Submit(sctx, rec)
-		end(err)
-		if err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		s.admitted(w, st, rec, dec)
-		writeJSON(w, http.StatusAccepted, createResponse{ID: rec.ID, Status: rec.Status, Quota: countsOf(st.principal, dec)})
-	})
-}
 
 // admitted records an admission for the log line, the metrics and the
 // RateLimit headers of the principal's policies.
@@ -214,9 +82,11 @@ func (s *server) tierTokens(t Tier) int64 {
 	return max(int64(math.Floor(t.MaxSiteShare*float64(s.d.Limits.SiteDailyTokens))), 1)
 }
 
-// affordable is the admission's budget check: can the principal, its tier
-// and the site afford one minimal run, in tokens and in money.
-func (s *server) affordable(ctx context.Context, st *state) error {
+// affordable asks the budget whether the principal, its tier and the site
+// can afford tokens and costMicro (money micro-units) today. Admission asks
+// for one minimal run (checkBudget); a route that governs one model call
+// would ask for that call's reservation.
+func (s *server) affordable(ctx context.Context, st *state, tokens, costMicro int64) error {
 	if s.d.Budget == nil {
 		return nil
 	}
@@ -228,7 +98,7 @@ func (s *server) affordable(ctx context.Context, st *state) error {
 	ctx, end := s.span(ctx, "gate.budget")
 	return end(s.d.Budget.CanAfford(ctx, budget.AffordRequest{
 		Day: quota.Day(s.d.Now()), Principal: st.principal.Account(), PrincipalLimit: st.tier.TokensPerDay,
-		Tier: tier, TierLimit: tierTokens, Tokens: s.d.MinRunTokens, CostMicro: s.d.MinRunCost,
+		Tier: tier, TierLimit: tierTokens, Tokens: tokens, CostMicro: costMicro,
 	}))
 }
 
@@ -237,51 +107,6 @@ func (s *server) cacheMode() plancache.Mode {
 		return plancache.ModeOff
 	}
 	return s.d.PlanCacheMode
-}
-
-// refuseOrCached answers a refusal of the model or the budget with a cached
-// plan for the same request in fallback mode, else with the refusal.
-func (s *server) refuseOrCached(w http.ResponseWriter, r *http.Request, st *state, subj quota.Subject, req createRequest, cr plancache.Request, refusal error) {
-	if s.cacheMode() == plancache.ModeFallback && s.serveCached(w, r, st, subj, req, cr, refusal) {
-		return
-	}
-	s.writeErr(w, r, refusal)
-}
-
-// serveCached answers with a plan cached for the same normalised request:
-// the task is counted like any other (the quota moves), spends no tokens,
-// and is stored already succeeded with result.cached set. It reports false
-// when there is no such plan (or the cache cannot be read); the caller then
-// goes on as without a cache. A refusal of the quota is answered here.
-func (s *server) serveCached(w http.ResponseWriter, r *http.Request, st *state, subj quota.Subject, req createRequest, cr plancache.Request, refusal error) bool {
-	ctx := r.Context()
-	plan, ok, err := s.d.PlanCache.Get(ctx, cr)
-	if err != nil || !ok {
-		return false
-	}
-	var res task.Result
-	if err := json.Unmarshal(plan.Result, &res); err != nil {
-		return false
-	}
-	tctx, end := s.span(ctx, "gate.quota_take")
-	dec, err := s.d.Quota.Take(tctx, subj)
-	end(err)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return true
-	}
-	res.Cached = true
-	rec := s.newRecord(r, st, req)
-	rec.Result = &res
-	rec, err = s.d.Tasks.Cached(context.WithoutCancel(ctx), rec)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return true
-	}
-	s.m.cached.Inc()
-	s.admitted(w, st, rec, dec)
-	writeJSON(w, http.StatusAccepted, createResponse{ID: rec.ID, Status: rec.Status, Quota: countsOf(st.principal, dec)})
-	return true
 }
 
 func verifyOutcome(err error) string {
@@ -318,29 +143,30 @@ func (s *server) handleGetTask() http.Handler {
 
 // configResponse is GET /api/config.
 type configResponse struct {
-	TurnstileSiteKey   string      `json:"turnstile_site_key"`
-	TurnstileScriptURL string      `json:"turnstile_script_url"`
-	TurnstileTest      bool        `json:"turnstile_test"`
-	DevMode            bool        `json:"dev_mode"`
-	ModelStatus        string      `json:"model_status"`
-	OfflineModel       bool        `json:"offline_model"`
-	Limits             limitsBody  `json:"limits"`
-	Input              inputLimits `json:"input"`
-	Languages          []string    `json:"languages"`
+	TurnstileSiteKey   string     `json:"turnstile_site_key"`
+	TurnstileScriptURL string     `json:"turnstile_script_url"`
+	TurnstileTest      bool       `json:"turnstile_test"`
+	DevMode            bool       `json:"dev_mode"`
+	ModelStatus        string     `json:"model_status"`
+	OfflineModel       bool       `json:"offline_model"`
+	Input              string     `json:"input"`
+	Limits             limitsBody `json:"limits"`
+	Languages          []string   `json:"languages"`
 }
 
+// limitsBody is /api/config's limits: the daily and per-minute counts, and
+// the bounds of both request forms' fields (the page checks them before
+// spending a Turnstile token).
 type limitsBody struct {
 	IPDaily           int64 `json:"ip_daily"`
 	GlobalDaily       int64 `json:"global_daily"`
 	RequestsPerMinute int64 `json:"requests_per_minute"`
-}
-
-type inputLimits struct {
-	DestinationMax int `json:"destination_max"`
-	DaysMin        int `json:"days_min"`
-	DaysMax        int `json:"days_max"`
-	InterestsMax   int `json:"interests_max"`
-	InterestMax    int `json:"interest_max"`
+	PromptMaxChars    int   `json:"prompt_max_chars"`
+	DestinationMax    int   `json:"destination_max"`
+	DaysMin           int   `json:"days_min"`
+	DaysMax           int   `json:"days_max"`
+	InterestsMax      int   `json:"interests_max"`
+	InterestMax       int   `json:"interest_max"`
 }
 
 func (s *server) handleConfig() http.Handler {
@@ -357,10 +183,37 @@ func (s *server) handleConfig() http.Handler {
 			DevMode:            s.d.Config.DevMode,
 			ModelStatus:        status,
 			OfflineModel:       offline,
-			Limits:             limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute},
-			Input: inputLimits{DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
+			Input:              s.input(),
+			Limits: limitsBody{IPDaily: pub.TasksPerDay, GlobalDaily: s.d.Limits.GlobalDailyTasks, RequestsPerMinute: pub.RequestsPerMinute,
+				PromptMaxChars: s.promptMax(), DestinationMax: destinationMax, DaysMin: daysMin, DaysMax: daysMax,
 				InterestsMax: interestsMax, InterestMax: interestMax},
 			Languages: []string{task.LangEnglish, task.LangChinese},
 		})
 	})
+}
+
+// minRun is one minimal run of req in tokens and money: the request's own
+// with an external agent (Deps.MinRun), else the built-in planner's fixed
+// reservation of a first call.
+func (s *server) minRun(req task.Request) (tokens, costMicro int64) {
+	if s.d.MinRun != nil {
+		return s.d.MinRun(req)
+	}
+	return s.d.MinRunTokens, s.d.MinRunCost
+}
+
+// promptMax is the longest prompt, in code points.
+func (s *server) promptMax() int {
+	if n := s.d.Config.PromptMaxChars; n > 0 {
+		return n
+	}
+	return DefaultPromptMaxChars
+}
+
+// input is the request form the server takes.
+func (s *server) input() string {
+	if s.d.Config.Input == InputPrompt {
+		return InputPrompt
+	}
+	return InputTrip
 }

@@ -217,8 +217,8 @@ func (s *server) readV1Body(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// decodeObject decodes one JSON object of body into v.
-func decodeObject(body []byte, v any) error {
+// decodeV1Object decodes one JSON object of body into v.
+func decodeV1Object(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
@@ -317,7 +317,7 @@ func (s *server) handleV1Event() http.Handler {
 			return
 		}
 		var ev v1Event
-		if err := decodeObject(body, &ev); err != nil {
+		if err := decodeV1Object(body, &ev); err != nil {
 			s.WriteV1Error(w, r, err)
 			return
 		}
@@ -373,7 +373,7 @@ func (s *server) handleV1Fetch() http.Handler {
 			return
 		}
 		var req v1Fetch
-		if err := decodeObject(body, &req); err != nil {
+		if err := decodeV1Object(body, &req); err != nil {
 			s.WriteV1Error(w, r, err)
 			return
 		}
@@ -415,6 +415,19 @@ var taskScoped = map[string]bool{
 	CodeBudgetExhausted: true, CodeEventLimit: true, CodeToolLimit: true,
 	// The model endpoint's (the gateway's rows):
 	"step_limit": true, task.CodeInputSpike: true,
+}
+
+// policyTask is the RateLimit policy of a task's own limits: its window
+// is the rest of the task.
+const policyTask = "task"
+
+// limitOf is the limit a refusal names (0 when it names none).
+func limitOf(err error) int64 {
+	var lim interface{ Limit() int64 }
+	if errors.As(err, &lim) {
+		return lim.Limit()
+	}
+	return 0
 }
 
 // v1Type is the OpenAI error type of a status and code.
@@ -474,17 +487,15 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 		secs := ceilSeconds(left)
 		h["X-Should-Retry"] = []string{"false"}
 		setRetryAfter(h, secs)
-		var q int64
-		var lim interface{ Limit() int64 }
-		if errors.As(err, &lim) {
-			q = lim.Limit()
-		}
-		setRateLimit(h, rlItem{"task", q, secs, 0, secs})
+		setRateLimit(h, rlItem{name: policyTask, q: limitOf(err), w: secs, t: secs})
 	} else if secs, ok := retryAfter(spec, err); ok {
 		setRetryAfter(h, secs)
-		if st != nil {
-			s.rateLimitHeaders(h, st, err)
+		if spec.status == http.StatusTooManyRequests {
+			s.rateLimitHeaders(h, st, spec.code, err, secs)
 		}
+	}
+	if spec.status == http.StatusRequestEntityTooLarge {
+		h["Connection"] = hdrCloseConn // the rest of the body is never read
 	}
 	msg := spec.message
 	var pm interface{ publicMessage() string }

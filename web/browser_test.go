@@ -192,6 +192,9 @@ func writeEvents(w http.ResponseWriter, events ...any) {
 	}
 }
 
+// degradedDetail is what a weather step says when it used seasonal norms.
+const degradedDetail = "Live forecast unavailable; seasonal norms for Lisbon in December: high 16 °C, low 10 °C, usually rainy."
+
 const hostile = `<img src=x onerror="window.__pwned=1">Sunny & <b>calm</b>`
 
 // finishedTask is a succeeded task whose texts try to inject markup.
@@ -221,8 +224,9 @@ func devConfig(base string) map[string]any {
 	return map[string]any{
 		"turnstile_site_key": "1x00000000000000000000AA", "turnstile_script_url": base + "/ts.js",
 		"turnstile_test": true, "dev_mode": true, "model_status": "ok", "offline_model": true,
-		"limits": map[string]any{"ip_daily": 5, "global_daily": 100},
-		"input":  map[string]any{"destination_max": 80, "days_min": 1, "days_max": 7, "interests_max": 5, "interest_max": 32},
+		"input": "trip",
+		"limits": map[string]any{"ip_daily": 5, "global_daily": 100, "prompt_max_chars": 2000,
+			"destination_max": 80, "days_min": 1, "days_max": 7, "interests_max": 5, "interest_max": 32},
 	}
 }
 
@@ -327,6 +331,8 @@ func TestBrowser(t *testing.T) {
 	t.Run("cached plan", func(t *testing.T) { browserCachedPlan(t, browser) })
 	t.Run("worker lost", func(t *testing.T) { browserWorkerLost(t, browser) })
 	t.Run("plan language", func(t *testing.T) { browserPlanLanguage(t, browser) })
+	t.Run("prompt form and Markdown answer", func(t *testing.T) { browserPromptForm(t, browser) })
+	t.Run("markdown renderer", func(t *testing.T) { browserMarkdown(t, browser) })
 }
 
 // browserTask: a whole task by keyboard on a phone-sized screen, from the
@@ -335,11 +341,14 @@ func browserTask(t *testing.T, browser context.Context) {
 	f := &fakeAPI{config: devConfig, create: accept("t_abc")}
 	f.events = func(w http.ResponseWriter, r *http.Request, _ int) {
 		final := finishedTask(r.PathValue("id"))
+		degraded := map[string]any{"seq": 3, "kind": "tool", "name": "weather", "status": "degraded", "duration_ms": 300, "detail": degradedDetail}
+		final["steps"] = append(final["steps"].([]any), degraded)
 		writeEvents(w,
 			"step", map[string]any{"seq": 1, "kind": "model", "name": "plan", "status": "started"},
 			"status", map[string]any{"status": "running"},
 			"step", map[string]any{"seq": 1, "kind": "model", "name": "plan", "status": "ok", "duration_ms": 12},
 			"step", map[string]any{"seq": 2, "kind": "tool", "name": "weather", "status": "failed", "duration_ms": 1500, "detail": "timeout"},
+			"step", degraded,
 			"done", final)
 	}
 	srv := startSite(t, f)
@@ -363,6 +372,7 @@ func browserTask(t *testing.T, browser context.Context) {
 
 	type snapshot struct {
 		Steps       []string
+		Degraded    string
 		Warnings    []string
 		Quota       string
 		Hash        string
@@ -379,6 +389,7 @@ func browserTask(t *testing.T, browser context.Context) {
 	}
 	s := eval[snapshot](t, ctx, `({
 		Steps: [...document.querySelectorAll('#steps > li')].map((li) => li.dataset.status),
+		Degraded: document.querySelector('#steps > li[data-status=degraded]')?.textContent ?? '',
 		Warnings: [...document.querySelectorAll('#warnings li')].map((li) => li.textContent),
 		Quota: document.getElementById('quota').textContent,
 		Hash: location.hash,
@@ -394,8 +405,13 @@ func browserTask(t *testing.T, browser context.Context) {
 		ChipPressed: document.getElementById('chip-food').getAttribute('aria-pressed'),
 		Modules: performance.getEntriesByType('resource').map((e) => new URL(e.name).pathname.split('/').pop()).filter((n) => n.endsWith('.js')),
 	})`)
-	if strings.Join(s.Steps, ",") != "ok,failed" {
-		t.Errorf("step rows %v, want ok,failed (seq 1 updated in place)", s.Steps)
+	if strings.Join(s.Steps, ",") != "ok,failed,degraded" {
+		t.Errorf("step rows %v, want ok,failed,degraded (seq 1 updated in place)", s.Steps)
+	}
+	// A tool that fell back is shown as such, with what it used instead.
+	wantContains(t, "degraded step", s.Degraded, "done with a fallback", "seasonal norms")
+	if strings.Contains(s.Degraded, "failed") {
+		t.Errorf("degraded step reads as a failure: %q", s.Degraded)
 	}
 	if len(s.Warnings) != 2 || !strings.Contains(s.Warnings[0], "seasonal norms") || !strings.Contains(s.Warnings[1], "Something limited") {
 		t.Errorf("warnings %q", s.Warnings)

@@ -7,9 +7,16 @@ package chat
 
 import (
 	"context"
+	"errors"
 
 	"faregate/agent/task"
 )
+
+// ErrUnreadable reports a provider answer that came back (200) but could
+// not be read: not a completion, a line or body past what faregate reads.
+// Tokens may have been spent on it, so the caller charges at least the
+// call's reservation.
+var ErrUnreadable = errors.New("chat: the model's answer could not be read")
 
 // Model answers one turn of a conversation.
 type Model interface {
@@ -76,6 +83,10 @@ type Chunk struct {
 	// its arguments): output the model produced, which counts against the
 	// completion limit, but not prose.
 	ToolCall string
+	// Reasoning is a piece of a reasoning model's thinking
+	// (reasoning_content): output tokens like any other, counted and cut
+	// at the limit, never kept.
+	Reasoning string
 }
 
 // Turn is everything one model call gets.
@@ -101,6 +112,12 @@ type Usage struct {
 	// Reported is true when the provider counted them; false means the
 	// caller has to estimate.
 	Reported bool
+	// Unreadable is true when the provider sent a usage that is not a pair
+	// of integers (a fraction, past 64 bits, a string): Reported is then
+	// true and the counts are 0. Raw is the usage object as it came
+	// (bounded), for the ledger when it is not charged as it stands.
+	Unreadable bool
+	Raw        string
 }
 
 // Reply is a model's answer to one turn.

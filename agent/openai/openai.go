@@ -92,34 +92,43 @@ func (m *Model) Generate(ctx context.Context, t chat.Turn) (chat.Reply, error) {
 	if err != nil {
 		return chat.Reply{}, err
 	}
+	// The call's state is shared with the stream shim, which hands it
+	// reasoning and usage (langchaingo sees neither); langchaingo always
+	// streams, so it always has a streaming function.
+	call := &callState{emit: t.Stream}
+	ctx = withCall(ctx, call)
 	opts := []llms.CallOption{llms.WithMaxTokens(t.MaxTokens)}
-	if t.Stream != nil {
-		opts = append(opts, llms.WithStreamingFunc(func(_ context.Context, raw []byte) error {
-			c := chunk(raw)
-			if c.Text == "" && c.ToolCall == "" {
-				return nil
-			}
-			return t.Stream(c)
-		}))
-	}
+	opts = append(opts, llms.WithStreamingFunc(func(_ context.Context, raw []byte) error {
+		c := chunk(raw)
+		if c.Text == "" && c.ToolCall == "" {
+			return nil
+		}
+		return call.send(c)
+	}))
 	if len(t.Tools) > 0 {
 		opts = append(opts, llms.WithTools(toolDefs(t.Tools)))
 	}
 	opts = append(opts, m.opts...)
 	resp, err := m.llm.GenerateContent(ctx, msgs, opts...)
-	if err != nil {
+	usage, unreadable, _, emitErr := call.close()
+	switch {
+	case emitErr != nil:
+		// The caller's stream stopped the call (a cut): its own error.
+		return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w", emitErr)
+	case err != nil && ctx.Err() != nil:
 		// langchaingo sanitizes a deadline into an error errors.Is cannot
 		// match; the context says what happened.
-		if ctx.Err() != nil {
-			return chat.Reply{}, fmt.Errorf("openai: %w (%v)", ctx.Err(), err)
-		}
-		return chat.Reply{}, fmt.Errorf("openai: %w", err)
+		return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w (%v)", ctx.Err(), err)
+	case unreadable != "":
+		return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w: %s", chat.ErrUnreadable, unreadable)
+	case err != nil:
+		return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w", err)
 	}
 	if resp == nil || len(resp.Choices) == 0 {
-		return chat.Reply{}, ErrNoChoices
+		return chat.Reply{Usage: usage}, ErrNoChoices
 	}
 	c := resp.Choices[0]
-	reply := chat.Reply{Content: c.Content, StopReason: c.StopReason, Usage: usage(c.GenerationInfo)}
+	reply := chat.Reply{Content: c.Content, StopReason: c.StopReason, Usage: usage}
 	for _, tc := range c.ToolCalls {
 		if tc.FunctionCall == nil {
 			continue
@@ -202,16 +211,4 @@ func chunk(raw []byte) chat.Chunk {
 		}
 	}
 	return chat.Chunk{Text: string(raw)}
-}
-
-// usage reads the token counts the openai provider puts in GenerationInfo
-// (ints, filled from the stream's last chunk). Zero for both means the
-// server sent none.
-func usage(info map[string]any) chat.Usage {
-	p, pok := info["PromptTokens"].(int)
-	c, cok := info["CompletionTokens"].(int)
-	if !pok || !cok || (p == 0 && c == 0) {
-		return chat.Usage{}
-	}
-	return chat.Usage{PromptTokens: int64(p), CompletionTokens: int64(c), Reported: true}
 }

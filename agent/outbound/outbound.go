@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"faregate/protect/pause"
 )
 
 // Header names the transport writes or reads.
@@ -155,7 +157,7 @@ func New(o Options) *Transport {
 		o.Base = defaultBase()
 	}
 	if o.Sleep == nil {
-		o.Sleep = sleepCtx
+		o.Sleep = pause.For
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -268,18 +270,6 @@ func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 		return 0, true
 	}
 	return 0, false
-}
-
-// sleepCtx waits d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // callKey carries the tool call a request belongs to.

@@ -128,7 +128,10 @@ func deliveryRequest(r task.Request) json.RawMessage {
 	var m map[string]any
 	_ = json.Unmarshal(raw, &m)
 	if p, ok := m["prompt"].(string); ok && p != "" {
-		out, _ := json.Marshal(map[string]string{"prompt": p, "language": r.Lang()})
+		out, _ := json.Marshal(struct {
+			Prompt   string `json:"prompt"`
+			Language string `json:"language"`
+		}{p, r.Lang()})
 		return out
 	}
 	out, _ := json.Marshal(struct {

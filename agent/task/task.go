@@ -5,12 +5,12 @@
 package task
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strings"
 	"time"
+
+	"faregate/protect/randhex"
 )
 
 // Task statuses.
@@ -68,7 +68,9 @@ const (
 	LangChinese = "zh-CN"
 )
 
-// Request is what the visitor asked for, already validated by the API.
+// Request is what the visitor asked for, already validated by the API:
+// a trip (Destination, Days, Interests) or, in the prompt form
+// (FAREGATE_TASK_INPUT=prompt), a Prompt and nothing else but Language.
 type Request struct {
 	Destination string   `json:"destination"`
 	Days        int      `json:"days"`
@@ -76,6 +78,10 @@ type Request struct {
 	// Language is the language the plan is to be written in: LangEnglish
 	// or LangChinese; empty means LangEnglish.
 	Language string `json:"language"`
+	// Prompt is the visitor's text in the prompt form (NFKC, 1 to
+	// FAREGATE_PROMPT_MAX_CHARS code points); a request with a Prompt is
+	// written as {"prompt", "language"} (MarshalJSON).
+	Prompt string `json:"prompt,omitempty"`
 }
 
 // Lang is the request's language with the default applied.
@@ -210,15 +216,7 @@ type Event struct {
 var ErrNotFound = errors.New("task: not found")
 
 // NewID returns "t_" and 32 hex digits: 128 random bits, unguessable.
-func NewID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		// crypto/rand does not fail on supported platforms; a predictable id
-		// would be worse than stopping.
-		panic("task: crypto/rand: " + err.Error())
-	}
-	return "t_" + hex.EncodeToString(b[:])
-}
+func NewID() string { return "t_" + randhex.New(16) }
 
 // ValidID reports whether id has NewID's shape, so malformed ids are
 // answered without touching a store.

@@ -66,9 +66,10 @@ var (
 type LimitError struct {
 	Err      error // ErrEventLimit or ErrToolLimit
 	Deadline time.Time
-	// Max is the limit that refused.
-	Max int64
-	now time.Time
+	// Max is the limit that refused; After the time left to the deadline
+	// when it did (at least a second).
+	Max   int64
+	After time.Duration
 }
 
 // Limit is the limit that refused (the RateLimit policy's quota).
@@ -78,7 +79,7 @@ func (e *LimitError) Error() string { return e.Err.Error() }
 func (e *LimitError) Unwrap() error { return e.Err }
 
 // RetryAfter is the time left to the task's deadline.
-func (e *LimitError) RetryAfter() time.Duration { return max(e.Deadline.Sub(e.now), time.Second) }
+func (e *LimitError) RetryAfter() time.Duration { return max(e.After, time.Second) }
 
 // TaskDeadline is when the refusal's task ends at the latest.
 func (e *LimitError) TaskDeadline() time.Time { return e.Deadline }
@@ -304,7 +305,8 @@ func (k *Keys) use(ctx context.Context, id, sha, op string, limit int64, data []
 		if op == "tool" {
 			lim = ErrToolLimit
 		}
-		return Grant{}, &LimitError{Err: lim, Deadline: time.UnixMilli(ms), Max: limit, now: k.o.Now()}
+		dl := time.UnixMilli(ms)
+		return Grant{}, &LimitError{Err: lim, Deadline: dl, Max: limit, After: max(dl.Sub(k.o.Now()), time.Second)}
 	case 3:
 		return Grant{}, ErrFinished
 	}

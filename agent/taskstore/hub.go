@@ -129,47 +129,32 @@ func (h *Hub) Follow(ctx context.Context, id, after string, fn func(task.Event) 
 		return err
 	}
 	s, r, err := h.subscribe(ctx, id)
+	if errors.Is(err, ErrShutdown) {
+		// This process is stopping and starts no reader, but what Redis
+		// holds is still delivered: a follower of a task that has ended (here,
+		// in the shutdown's grace period, above all) gets its end, not a
+		// stream cut without done. Only a task still running elsewhere is
+		// closed, to resume on another replica.
+		last, ended, err := h.replay(ctx, id, after, rec, fn)
+		if err != nil || ended {
+			return err
+		}
+		if cur, gerr := h.store.Get(ctx, id); gerr == nil && cur.Final() {
+			_, _, err = h.replay(ctx, id, last, cur, fn)
+			return err
+		}
+		return ErrShutdown
+	}
 	if err != nil {
 		return err
 	}
 	defer h.unsubscribe(r, s)
 
-	last := after
-	if last == "" {
-		last = "0-0"
-	}
 	// Replay what is already there (after subscribing: anything the reader
 	// read before we joined is in Redis for this replay to find).
-	for {
-		msgs, err := h.rdb.XRangeN(ctx, eventsKey(id), "("+last, "+", 500).Result()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return unavailable(err)
-		}
-		for _, m := range msgs {
-			ev := toEvent(m)
-			last = ev.ID
-			if err := fn(ev); err != nil {
-				return err
-			}
-			if ev.Type == task.EventDone {
-				return nil
-			}
-		}
-		if len(msgs) < 500 {
-			break
-		}
-	}
-	if rec.Final() {
-		// Final but no done event left (trimmed or expired): answer from the
-		// record, read again in case it finished after the first read.
-		if cur, err := h.store.Get(ctx, id); err == nil {
-			rec = cur
-		}
-		data, _ := json.Marshal(rec.Task)
-		return fn(task.Event{ID: last, Type: task.EventDone, Data: data})
+	last, ended, err := h.replay(ctx, id, after, rec, fn)
+	if err != nil || ended {
+		return err
 	}
 
 	keep := time.NewTimer(h.o.KeepAlive)
@@ -206,6 +191,48 @@ func (h *Hub) Follow(ctx context.Context, id, after string, fn func(task.Event) 
 			keep.Reset(h.o.KeepAlive)
 		}
 	}
+}
+
+// replay calls fn for the task's events after the stream id after ("" =
+// from the first one), up to done, and reports the last id it delivered
+// and whether the follower has reached the end. A task whose record (rec)
+// is final but whose done event is gone (trimmed or expired) ends with a
+// done made from the record, read again in case it finished after rec.
+func (h *Hub) replay(ctx context.Context, id, after string, rec task.Record, fn func(task.Event) error) (last string, ended bool, err error) {
+	last = after
+	if last == "" {
+		last = "0-0"
+	}
+	for {
+		msgs, err := h.rdb.XRangeN(ctx, eventsKey(id), "("+last, "+", 500).Result()
+		if err != nil {
+			if ctx.Err() != nil {
+				return last, false, ctx.Err()
+			}
+			return last, false, unavailable(err)
+		}
+		for _, m := range msgs {
+			ev := toEvent(m)
+			last = ev.ID
+			if err := fn(ev); err != nil {
+				return last, false, err
+			}
+			if ev.Type == task.EventDone {
+				return last, true, nil
+			}
+		}
+		if len(msgs) < 500 {
+			break
+		}
+	}
+	if !rec.Final() {
+		return last, false, nil
+	}
+	if cur, err := h.store.Get(ctx, id); err == nil {
+		rec = cur
+	}
+	data, _ := json.Marshal(rec.Task)
+	return last, true, fn(task.Event{ID: last, Type: task.EventDone, Data: data})
 }
 
 // subscribe joins the task's reader, starting one (and fixing its start

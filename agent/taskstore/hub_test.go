@@ -224,6 +224,16 @@ func TestHubShutdown(t *testing.T) {
 	if err := h.Follow(ctx, other.ID, "", newCollect().fn); !errors.Is(err, ErrShutdown) {
 		t.Fatalf("follow after shutdown: %v", err)
 	}
+	// A follower that arrives while this process stops (its stream was
+	// taken just before) still gets the end of a task that ended: the
+	// replay, up to done, not a cut.
+	late := newCollect()
+	if err := h.Follow(ctx, done.ID, "", late.fn); err != nil {
+		t.Fatalf("follow of the finished task after shutdown: %v (saw %v)", err, late.types())
+	}
+	if got := late.types(); len(got) == 0 || got[len(got)-1] != task.EventDone {
+		t.Fatalf("late follower of the finished task saw %v, want it to end with done", got)
+	}
 }
 
 // TestHubSlowFollowerIsDropped: a follower that does not keep up is closed

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/task"
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -173,9 +174,9 @@ func TestClaimAfterLapse(t *testing.T) {
 				ids = append(ids, e.ID)
 			}
 			const minIdle = 200 * time.Millisecond
-			deadline := time.Now().Add(10 * time.Second)
 			var claimed []Entry
-			for time.Now().Before(deadline) {
+			// The entry's idle time is Redis's clock: poll until it lapses.
+			clocktest.Poll(10*time.Second, func() bool {
 				// The live replica renews the second entry; the first lapses.
 				if _, err := s.Renew(ctx, "dead", ids[1:]); err != nil {
 					t.Fatal(err)
@@ -188,11 +189,8 @@ func TestClaimAfterLapse(t *testing.T) {
 					t.Fatal(err)
 				}
 				claimed = append(claimed, c...)
-				if len(claimed) > 0 {
-					break
-				}
-				time.Sleep(minIdle / 4) // the entry's idle time is Redis's clock: let it pass
-			}
+				return len(claimed) > 0
+			})
 			if len(claimed) != 1 || claimed[0].ID != ids[0] {
 				t.Fatalf("claimed %+v, want only %s", claimed, ids[0])
 			}

@@ -50,6 +50,11 @@ type Observation struct {
 	// Failed is true when the tool could not do what was asked (bad
 	// arguments, dependency down); Text then explains why.
 	Failed bool
+	// Degraded is true when a dependency was down but the tool answered
+	// with a stand-in that Text names (the seasonal norms for a forecast):
+	// the task's step shows as degraded, not failed. Failed stays true, for
+	// planners that want the asked-for answer.
+	Degraded bool
 	// Warning is "", WarnWeather, WarnSearch or WarnFetch: a task warning
 	// for the operator, set only when a dependency let the task down.
 	Warning string

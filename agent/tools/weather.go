@@ -169,6 +169,7 @@ func (w weather) unavailable(p place) Observation {
 	n, _ := p.city.Norm(m)
 	norm := SeasonalNorm{City: p.city.Name, Month: m, Norm: n}
 	o.Text = norm.String()
+	o.Degraded = true
 	o.Data = Forecast{Place: p.label, Norm: &norm}
 	return o
 }

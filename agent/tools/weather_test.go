@@ -192,6 +192,10 @@ func TestWeatherDegrades(t *testing.T) {
 				(fc.Norm != nil && (fc.Norm.Month != 8 || !strings.Contains(obs.Text, fc.Norm.String()))) {
 				t.Errorf("norm %+v for text %q", fc.Norm, obs.Text)
 			}
+			// Degraded (a stand-in given) exactly when the norms were.
+			if obs.Degraded != (fc.Norm != nil) {
+				t.Errorf("Degraded %v with norm %+v", obs.Degraded, fc.Norm)
+			}
 			if hits != nil && tc.wantHits >= 0 {
 				if h := hits.hits.Load(); h != tc.wantHits || h > tc.maxHits {
 					t.Errorf("forecast server saw %d requests, want %d (at most %d)", h, tc.wantHits, tc.maxHits)

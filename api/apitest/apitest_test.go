@@ -63,8 +63,8 @@ const failedTask = `{"id":"` + taskID + `","status":"failed",
 
 const config = `{"turnstile_site_key":"1x00000000000000000000AA","turnstile_script_url":"https://challenges.cloudflare.com/turnstile/v0/api.js",
 	"turnstile_test":true,"dev_mode":true,"model_status":"ok","offline_model":true,
-	"limits":{"ip_daily":5,"global_daily":100,"requests_per_minute":120},
-	"input":{"destination_max":80,"days_min":1,"days_max":7,"interests_max":5,"interest_max":32},"languages":["en","zh-CN"]}`
+	"input":"trip","limits":{"ip_daily":5,"global_daily":100,"requests_per_minute":120,"prompt_max_chars":2000,
+	"destination_max":80,"days_min":1,"days_max":7,"interests_max":5,"interest_max":32},"languages":["en","zh-CN"]}`
 
 const usage = `{"principal":{"kind":"key","id":"acme"},"tier":"partner","day":"2026-12-01",
 	"limits":{"tasks_per_day":500,"tokens_per_day":2000000,"tokens_per_minute":100000,"requests_per_minute":600,"max_site_share":0.5},
@@ -99,6 +99,8 @@ func TestCheck(t *testing.T) {
 		{"unknown task", "GET", "/api/tasks/t_nope", 404, hdr(), errBody("task_not_found"), nil, true},
 		{"event stream", "GET", "/api/tasks/" + taskID + "/events", 200, hdr("Content-Type", "text/event-stream; charset=utf-8"), "", nil, true},
 		{"stream refused", "GET", "/api/tasks/" + taskID + "/events", 429, hdr("Retry-After", "5"), errBody("too_many_streams"), nil, true},
+		{"stream refused by its policy", "GET", "/api/tasks/" + taskID + "/events", 429, hdr("Retry-After", "5", "RateLimit-Policy", `"streams";q=4;qu="concurrent-requests"`, "RateLimit", `"streams";r=0;t=5`), errBody("too_many_streams"), nil, true},
+		{"failed checks by their policy", "POST", "/api/tasks", 429, hdr("Retry-After", "1800", "RateLimit-Policy", `"failed";q=20;w=3600`, "RateLimit", `"failed";r=0;t=1800`), errBody("too_many_failed_checks"), nil, true},
 		{"streams exhausted", "GET", "/api/tasks/" + taskID + "/events", 503, hdr("Retry-After", "5"), errBody("server_busy"), nil, true},
 		{"window", "GET", "/api/config", 429, hdr("Retry-After", "12", "RateLimit-Policy", `"rpm";q=120;w=60`, "RateLimit", `"rpm";r=0;t=12`), errBody("rate_limited"), nil, true},
 		{"config", "GET", "/api/config", 200, hdr(), config, nil, true},

@@ -148,11 +148,34 @@ func TestWeatherRetriesAreCapped(t *testing.T) {
 			if !strings.Contains(fmt.Sprint(task["result"].(map[string]any)["warnings"]), "weather_unavailable") {
 				t.Fatalf("warnings: %v", task["result"])
 			}
+			// The plan degraded as designed: the weather step says so and
+			// what it used instead, it is not a failure (#19 item 21).
+			weatherStep(t, task, "degraded", "seasonal norms")
 			if n := len(ws.Requests()); n > 3 || (!tc.down && n < 2) {
 				t.Fatalf("weather server saw %d requests, want 2..3 (one try and capped retries)", n)
 			}
 			t.Logf("%s: %d downstream requests", tc.name, len(ws.Requests()))
 		})
+	}
+}
+
+// weatherStep checks that every weather step of a finished task has the
+// status and a detail containing detail.
+func weatherStep(t *testing.T, task map[string]any, status, detail string) {
+	t.Helper()
+	n := 0
+	for _, st := range task["steps"].([]any) {
+		st := st.(map[string]any)
+		if st["name"] != "weather" {
+			continue
+		}
+		n++
+		if st["status"] != status || !strings.Contains(fmt.Sprint(st["detail"]), detail) {
+			t.Errorf("weather step %v, want status %s and a detail that says %q", st, status, detail)
+		}
+	}
+	if n == 0 {
+		t.Errorf("no weather step in %v", task["steps"])
 	}
 }
 
@@ -339,9 +362,16 @@ func TestEndlessStreamIsCut(t *testing.T) {
 
 // TestBudgetRefusalBeforeQuota: a visitor who cannot afford one minimal run
 // is refused with demo_budget_exhausted and the task quota does not move.
+// The site's budget is exactly one run (a smaller one refuses to start),
+// and one token of it is already spent.
 func TestBudgetRefusalBeforeQuota(t *testing.T) {
 	be := redistest.Real(t)
-	s := startServer(t, realRedisEnv(be.URL, map[string]string{"FAREGATE_IP_DAILY_TOKENS": "500"}))
+	env := realRedisEnv(be.URL, nil)
+	need := minRunTokens(t, env)
+	s := startServer(t, withEnv(env, "FAREGATE_DAILY_TOKEN_BUDGET", fmt.Sprint(need)))
+	if err := be.Client.HIncrBy(context.Background(), "faregate:budget:{"+utcToday()+"}:site", "settled", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
 	r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), nil)
 	if r.Status != 429 || r.code() != "demo_budget_exhausted" || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("%d %s", r.Status, r.Raw)

@@ -16,41 +16,57 @@ const agentBody = `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Rom
 
 // TestAITFEnforceSlowsAgentsNotPeople: in enforce mode an agent-shaped
 // body waits in the delay queue before Turnstile, a person's does not; the
-// score reaches the client only with server-side debug on.
+// score reaches the client only with server-side debug on. Whether a
+// request waited is read from the queue's own record (its decision and
+// faregate_aitf_delayed_total), never from a wall clock: on a busy CI
+// machine a person's undelayed answer took 179 ms (#19 item 20).
 func TestAITFEnforceSlowsAgentsNotPeople(t *testing.T) {
 	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "enforce", "FAREGATE_AITF_DEBUG": "true", "FAREGATE_IP_DAILY_LIMIT": "50"})
+	const delayed = `faregate_aitf_delayed_total{route="/api/tasks"}`
+	debug := map[string]string{"X-AITF-Debug": "true"}
 
-	start := time.Now()
-	r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), map[string]string{"X-AITF-Debug": "true"})
-	person := time.Since(start)
-	if r.Status != 202 || person > 150*time.Millisecond {
-		t.Fatalf("person: %d in %v", r.Status, person)
+	r := do(t, "POST", s.URL+"/api/tasks", taskBody("Rome"), debug)
+	if r.Status != 202 {
+		t.Fatalf("person: %d %s", r.Status, r.Raw)
+	}
+	if d := r.Header.Get("X-AITF-Decision"); d != "pass" {
+		t.Fatalf("person: decision %q (score %s), want pass: the queue was entered", d, r.Header.Get("X-AITF-Score"))
+	}
+	if n := metricValue(t, s.URL, delayed); n != 0 {
+		t.Fatalf("person: %s is %v, want 0", delayed, n)
 	}
 
-	start = time.Now()
-	r = do(t, "POST", s.URL+"/api/tasks", agentBody, map[string]string{"X-AITF-Debug": "true"})
+	start := time.Now()
+	r = do(t, "POST", s.URL+"/api/tasks", agentBody, debug)
 	agent := time.Since(start)
 	if r.Status != 202 {
 		t.Fatalf("agent: %d %s", r.Status, r.Raw)
 	}
-	// 200 ms + score × 800 ms with a score of at least 0.8.
-	if agent < 800*time.Millisecond || agent > 1500*time.Millisecond {
-		t.Fatalf("agent body waited %v, want about 200ms + score×800ms", agent)
+	// 200 ms + score × 800 ms with a score of at least 0.8: a lower bound
+	// only (a timer's), which no busy machine can make fail.
+	if agent < 800*time.Millisecond {
+		t.Fatalf("agent body waited %v, want at least 200ms + score×800ms", agent)
 	}
 	if r.Header.Get("X-AITF-Score") == "" || r.Header.Get("X-AITF-Vector") == "" || r.Header.Get("X-AITF-Decision") != "delayed" {
 		t.Fatalf("debug headers: %v", r.Header)
+	}
+	if n := metricValue(t, s.URL, delayed); n != 1 {
+		t.Fatalf("agent: %s is %v, want 1", delayed, n)
 	}
 	// The score travels with the task.
 	task := waitTask(t, s.URL, r.Body["id"].(string))
 	if task["status"] != "succeeded" {
 		t.Fatalf("task: %v", task)
 	}
-	// A malformed agent body is refused at once, before any wait.
-	start = time.Now()
-	if r := do(t, "POST", s.URL+"/api/tasks", `{"tool_call_id":"x","recursion_depth":9,"days":"x"}`, nil); r.Status != 400 || time.Since(start) > 150*time.Millisecond {
-		t.Fatalf("malformed agent body: %d after %v", r.Status, time.Since(start))
+	// A malformed agent body is refused before any wait: the queue's count
+	// does not move.
+	if r := do(t, "POST", s.URL+"/api/tasks", `{"tool_call_id":"x","recursion_depth":9,"days":"x"}`, nil); r.Status != 400 {
+		t.Fatalf("malformed agent body: %d %s", r.Status, r.Raw)
 	}
-	t.Logf("person %v, agent %v (score %s)", person.Round(time.Millisecond), agent.Round(time.Millisecond), r.Header.Get("X-AITF-Score"))
+	if n := metricValue(t, s.URL, delayed); n != 1 {
+		t.Fatalf("malformed agent body: %s is %v, want it still 1 (it was delayed)", delayed, n)
+	}
+	t.Logf("agent %v (score %s)", agent.Round(time.Millisecond), r.Header.Get("X-AITF-Score"))
 }
 
 // TestAITFScoreNeverLeaksWithoutDebug: without FAREGATE_AITF_DEBUG the

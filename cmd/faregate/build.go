@@ -35,7 +35,7 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify
 		if err != nil {
 			return nil, err
 		}
-		ms.Primary = agent.Model{Model: m, Name: m.Name()}
+		ms.Primary = agent.Model{Model: m, Name: m.Name(), BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, HTTPClient: httpClient}
 		ms.Breaker = breaker.New(breaker.Settings{
 			Name: "primary", Window: cfg.BreakerWindow, MinCalls: cfg.BreakerMinCalls,
 			FailureRatio: cfg.BreakerFailureRatio, SlowRatio: cfg.BreakerSlowRatio, SlowCall: cfg.BreakerSlowCall,
@@ -49,7 +49,7 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify
 		if err != nil {
 			return nil, err
 		}
-		ms.Fallback = &agent.Model{Model: fb, Name: fb.Name()}
+		ms.Fallback = &agent.Model{Model: fb, Name: fb.Name(), BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey, HTTPClient: httpClient}
 	}
 	return &ms, nil
 }

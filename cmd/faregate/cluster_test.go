@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/protect/budget"
+	"faregate/protect/clocktest"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -280,18 +281,17 @@ func TestClusterFailover(t *testing.T) {
 	// The first 202 after the promotion, within the CI bound.
 	const bound = 15 * time.Second
 	var first time.Time
-	deadline := promoted.Add(bound)
-	for first.IsZero() && time.Now().Before(deadline.Add(time.Second)) {
+	clocktest.Poll(time.Until(promoted.Add(bound+time.Second)), func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		for _, p := range probes {
 			if p.kind == "create" && p.status == 202 && p.at.After(promoted) {
 				first = p.at
-				break
+				return true
 			}
 		}
-		mu.Unlock()
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 	mu.Lock()
 	var ready503, created503, during int
 	var lastReady503 time.Time

@@ -8,11 +8,13 @@ import (
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
 
+	"faregate/api"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
 	"faregate/protect/plancache"
@@ -47,6 +49,7 @@ type config struct {
 	LLMModel           string        `env:"LLM_MODEL"`
 	LLMLegacyMaxTokens bool          `env:"LLM_LEGACY_MAX_TOKENS" envDefault:"false"`
 	LLMMaxTokens       int           `env:"LLM_MAX_TOKENS" envDefault:"1024"`
+	LLMMaxCallTokens   int64         `env:"LLM_MAX_CALL_TOKENS" envDefault:"1000000"`
 	LLMTimeout         time.Duration `env:"LLM_TIMEOUT" envDefault:"60s"`
 	FallbackBaseURL    string        `env:"LLM_FALLBACK_BASE_URL"`
 	FallbackModel      string        `env:"LLM_FALLBACK_MODEL"`
@@ -55,9 +58,12 @@ type config struct {
 	AgentMaxSteps     int           `env:"AGENT_MAX_STEPS" envDefault:"6"`
 	AgentMaxToolCalls int           `env:"AGENT_MAX_TOOL_CALLS" envDefault:"12"`
 	AgentTimeout      time.Duration `env:"AGENT_TIMEOUT" envDefault:"90s"`
-	AgentConcurrency  int           `env:"AGENT_CONCURRENCY" envDefault:"0"`
-
-	// The operator's own agent (config_agent.go).
+	// AgentConcurrency 0 is automatic: 8 for the built-in planner, 64
+	// with an external agent (config_agent.go says why).
+	AgentConcurrency int `env:"AGENT_CONCURRENCY" envDefault:"0"`
+	// AgentURL, when set, is the operator's own agent that each admitted
+	// task is delivered to instead of the built-in trip planner; the rest
+	// of the external agent's variables go with it (config_agent.go).
 	AgentURL         string `env:"AGENT_URL"`
 	AgentSecret      string `env:"AGENT_SECRET"`
 	AgentCallbackURL string `env:"AGENT_CALLBACK_URL"`
@@ -65,6 +71,11 @@ type config struct {
 	AgentMaxParallel int    `env:"AGENT_MAX_PARALLEL" envDefault:"4"`
 	EmbeddingModel   string `env:"EMBEDDING_MODEL"`
 	V1MaxBody        int64  `env:"V1_MAX_BODY" envDefault:"2097152"`
+	// TaskInput is the body POST /api/tasks takes (api.InputTrip or
+	// api.InputPrompt); empty: trip with the built-in planner, prompt with
+	// an external agent (validate fills it in).
+	TaskInput      string `env:"TASK_INPUT"`
+	PromptMaxChars int    `env:"PROMPT_MAX_CHARS" envDefault:"2000"`
 
 	WeatherURL   string `env:"WEATHER_URL" envDefault:"https://api.open-meteo.com/v1/forecast"`
 	GeocodingURL string `env:"GEOCODING_URL" envDefault:"https://geocoding-api.open-meteo.com/v1/search"`
@@ -152,7 +163,8 @@ func (c *config) embeddedDefaults() []defaultInUse {
 }
 
 // loadConfig parses the environment and validates it, reporting every
-// problem at once.
+// problem at once: a variable that does not parse is named, and every rule
+// that does not read it still runs.
 func loadConfig(getenv func(string) string) (*config, error) {
 	var c config
 	environ := map[string]string{}
@@ -161,14 +173,20 @@ func loadConfig(getenv func(string) string) (*config, error) {
 			environ["FAREGATE_"+k] = v
 		}
 	}
+	var parseErr error
+	unparsed := map[string]bool{}
 	if err := env.ParseWithOptions(&c, env.Options{Prefix: "FAREGATE_", Environment: environ}); err != nil {
-		return nil, parseErrors(err)
+		parseErr = parseErrors(err, unparsed)
 	}
-	return &c, c.validate()
+	if err := errors.Join(parseErr, c.validate(unparsed)); err != nil {
+		return nil, err
+	}
+	return &c, nil
 }
 
-// parseErrors names each unparsable variable (env reports struct fields).
-func parseErrors(err error) error {
+// parseErrors names each unparsable variable (env reports struct fields)
+// and records it in unparsed.
+func parseErrors(err error, unparsed map[string]bool) error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
 		return fmt.Errorf("config: %w", err)
@@ -178,7 +196,9 @@ func parseErrors(err error) error {
 		var pe env.ParseError
 		if errors.As(e, &pe) {
 			if f, ok := reflect.TypeOf(config{}).FieldByName(pe.Name); ok {
-				out = append(out, fmt.Errorf("FAREGATE_%s: %s", f.Tag.Get("env"), wantType(pe)))
+				name := f.Tag.Get("env")
+				unparsed[name] = true
+				out = append(out, fmt.Errorf("FAREGATE_%s: %s", name, wantType(pe)))
 				continue
 			}
 		}
@@ -218,207 +238,210 @@ func configKeys() []string {
 	return out
 }
 
-func (c *config) validate() error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-
-	host, _, addrErr := net.SplitHostPort(c.Addr)
-	if addrErr != nil {
-		bad("FAREGATE_ADDR %q: want host:port", c.Addr)
-	}
-	if c.RedisURL != "" {
-		u, err := url.Parse(c.RedisURL)
-		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
-			bad("FAREGATE_REDIS_URL: want a redis:// or rediss:// URL")
-		}
-		if c.IPHashKey == "" {
-			bad("FAREGATE_IP_HASH_KEY is required when FAREGATE_REDIS_URL is set, so replicas agree on visitor keys")
-		}
-	}
-	if c.IPHashKey != "" && len(c.IPHashKey) < 16 {
-		bad("FAREGATE_IP_HASH_KEY: use at least 16 characters (32 random bytes recommended)")
-	}
-	if c.TurnstileSecret != "" && len(c.TurnstileHostnames) == 0 {
-		bad("FAREGATE_TURNSTILE_HOSTNAMES is required when FAREGATE_TURNSTILE_SECRET_KEY is set: tokens must be checked against your hostnames")
-	}
+// validate normalises the lists and runs configRules, skipping the rules
+// that read a variable in unparsed.
+func (c *config) validate(unparsed map[string]bool) error {
 	for i, h := range c.TurnstileHostnames {
 		c.TurnstileHostnames[i] = strings.ToLower(strings.TrimSpace(h))
 	}
 	c.TurnstileHostnames = slices.DeleteFunc(c.TurnstileHostnames, func(s string) bool { return s == "" })
-	// A list, not a map: errors are reported in a stable order.
-	for _, v := range []struct{ name, raw string }{
-		{"FAREGATE_TURNSTILE_VERIFY_URL", c.TurnstileVerifyURL},
-		{"FAREGATE_TURNSTILE_SCRIPT_URL", c.TurnstileScriptURL},
-		{"FAREGATE_WEATHER_URL", c.WeatherURL},
-		{"FAREGATE_GEOCODING_URL", c.GeocodingURL},
-		{"FAREGATE_SEARCH_URL", c.SearchURL},
-		{"FAREGATE_LLM_BASE_URL", c.LLMBaseURL},
-		{"FAREGATE_LLM_FALLBACK_BASE_URL", c.FallbackBaseURL},
-		{"FAREGATE_PUBLIC_URL", c.PublicURL},
-	} {
-		if v.raw == "" {
-			continue
-		}
-		if u, err := url.Parse(v.raw); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("%s %q: want an http(s) URL", v.name, v.raw)
-		}
-	}
-	if c.TurnstileTimeout <= 0 || c.TurnstileTimeout > time.Minute {
-		bad("FAREGATE_TURNSTILE_TIMEOUT: want between 1ms and 1m")
-	}
-	if c.IPDailyLimit < 1 {
-		bad("FAREGATE_IP_DAILY_LIMIT: want at least 1")
-	}
-	if c.GlobalDailyLimit < 1 {
-		bad("FAREGATE_GLOBAL_DAILY_LIMIT: want at least 1")
-	}
-	var err error
-	if c.trusted, err = clientip.ParseTrusted(c.TrustedProxies); err != nil {
-		bad("FAREGATE_TRUSTED_PROXIES: %v", err)
-	}
-	if strings.TrimSpace(c.ClientIPHeader) == "" {
-		bad("FAREGATE_CLIENT_IP_HEADER: must not be empty")
-	}
-	if c.LLMMaxTokens < 16 || c.LLMMaxTokens > 1_000_000 {
-		bad("FAREGATE_LLM_MAX_TOKENS: want 16 to 1000000")
-	}
-	if c.FallbackBaseURL != "" && c.FallbackModel == "" {
-		bad("FAREGATE_LLM_FALLBACK_MODEL is required when FAREGATE_LLM_FALLBACK_BASE_URL is set")
-	}
-	if c.AgentMaxSteps < 1 || c.AgentMaxSteps > 50 {
-		bad("FAREGATE_AGENT_MAX_STEPS: want 1 to 50")
-	}
-	if c.AgentMaxToolCalls < 0 || c.AgentMaxToolCalls > 200 {
-		bad("FAREGATE_AGENT_MAX_TOOL_CALLS: want 0 to 200")
-	}
-	if c.AgentTimeout < time.Second {
-		bad("FAREGATE_AGENT_TIMEOUT: want at least 1s")
-	}
-	if c.AgentConcurrency < 0 {
-		bad("FAREGATE_AGENT_CONCURRENCY: want 0 (automatic) or more")
-	}
-	c.validateAgent(bad)
-	if c.DailyTokenBudget < 1 || c.IPDailyTokens < 1 || c.TaskTokenLimit < 1 {
-		bad("FAREGATE_DAILY_TOKEN_BUDGET, FAREGATE_IP_DAILY_TOKENS and FAREGATE_TASK_TOKEN_LIMIT: want at least 1")
-	}
-	if c.LoopThreshold <= 0 || c.LoopThreshold > 1 {
-		bad("FAREGATE_LOOP_THRESHOLD: want a ratio in (0, 1]")
-	}
-	if c.BreakerWindow <= 0 || c.BreakerOpenFor <= 0 || c.BreakerSlowCall <= 0 {
-		bad("FAREGATE_BREAKER_WINDOW, FAREGATE_BREAKER_OPEN_FOR and FAREGATE_BREAKER_SLOW_CALL: want positive durations")
-	}
-	if c.BreakerFailureRatio <= 0 || c.BreakerFailureRatio > 1 || c.BreakerSlowRatio <= 0 || c.BreakerSlowRatio > 1 {
-		bad("FAREGATE_BREAKER_FAILURE_RATIO and FAREGATE_BREAKER_SLOW_RATIO: want ratios in (0, 1]")
-	}
-	if c.BreakerMinCalls < 1 || c.BreakerHalfOpenProbes < 1 {
-		bad("FAREGATE_BREAKER_MIN_CALLS and FAREGATE_BREAKER_HALF_OPEN_PROBES: want at least 1")
-	}
-	switch c.AITFMode {
-	case "off", "observe", "enforce":
-	default:
-		bad("FAREGATE_AITF_MODE %q: want off, observe or enforce", c.AITFMode)
-	}
-	if c.AITFThreshold <= 0 || c.AITFThreshold > 1 {
-		bad("FAREGATE_AITF_THRESHOLD: want a score in (0, 1]")
-	}
-	if c.AITFDegradeBacklog < 0 || c.AITFMaxQueue < 1 {
-		bad("FAREGATE_AITF_DEGRADE_BACKLOG and FAREGATE_AITF_MAX_QUEUE: want non-negative and positive")
-	}
-	if c.ShutdownTimeout <= 0 {
-		bad("FAREGATE_SHUTDOWN_TIMEOUT: want a positive duration")
-	}
-	if c.StreamsPerVisitor < 1 || c.StreamsMax < 1 {
-		bad("FAREGATE_STREAMS_PER_VISITOR and FAREGATE_STREAMS_MAX: want at least 1")
-	}
-	if c.StreamMaxDuration < time.Second {
-		bad("FAREGATE_STREAM_MAX_DURATION: want at least 1s")
-	}
-	if c.RequestsPerMinute < 1 {
-		bad("FAREGATE_REQUESTS_PER_MINUTE: want at least 1")
-	}
-	if c.FailedChecksPerHour < 1 {
-		bad("FAREGATE_FAILED_CHECKS_PER_HOUR: want at least 1")
-	}
-	if c.LogSummaryInterval < 100*time.Millisecond {
-		bad("FAREGATE_LOG_SUMMARY_INTERVAL: want at least 100ms")
-	}
-	if c.MaxConnections < 0 || c.ConnectionsPerPeer < 0 {
-		bad("FAREGATE_MAX_CONNECTIONS and FAREGATE_CONNECTIONS_PER_PEER: want 0 (automatic / off) or more")
-	}
-	if c.IdleTimeout < time.Second {
-		bad("FAREGATE_IDLE_TIMEOUT: want at least 1s")
-	}
-	if c.TaskLease < 3*time.Second {
-		// Renewed every third of it: shorter leases would need renewals
-		// faster than a busy machine can promise.
-		bad("FAREGATE_TASK_LEASE: want at least 3s")
-	}
-	if c.SiteTokensPerMinute < 0 {
-		bad("FAREGATE_SITE_TOKENS_PER_MINUTE: want 0 (off) or more")
-	}
-	if c.SitePaceWait <= 0 || c.TokenWait <= 0 {
-		bad("FAREGATE_SITE_PACE_WAIT and FAREGATE_TOKEN_WAIT: want positive durations")
-	}
-	if c.prices, err = budget.ParsePrices(c.ModelPrices); err != nil {
-		bad("FAREGATE_MODEL_PRICES: %v", err)
-	}
-	if c.spendMicro, err = budget.ParseMicro(c.DailySpendLimit); err != nil || c.spendMicro < 0 {
-		bad("FAREGATE_DAILY_SPEND_LIMIT %q: want an amount in the prices' currency, such as 5 or 2.50 (0: off)", c.DailySpendLimit)
-	}
-	if c.AlertWebhookURL != "" {
-		if u, err := url.Parse(c.AlertWebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("FAREGATE_ALERT_WEBHOOK_URL: want an http(s) URL")
-		}
-	}
-	if c.cacheMode, err = plancache.ParseMode(c.PlanCache); err != nil {
-		bad("%v", err)
-	}
-	if c.PlanCacheTTL < time.Minute {
-		bad("FAREGATE_PLAN_CACHE_TTL: want at least 1m")
-	}
 	for i, o := range c.CORSOrigins {
-		o = strings.TrimRight(strings.TrimSpace(o), "/")
-		c.CORSOrigins[i] = o
-		if u, err := url.Parse(o); o != "*" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "") {
-			bad("FAREGATE_CORS_ORIGINS %q: want origins such as https://app.example (scheme and host, no path)", o)
-		}
+		c.CORSOrigins[i] = strings.TrimRight(strings.TrimSpace(o), "/")
 	}
 	c.CORSOrigins = slices.DeleteFunc(c.CORSOrigins, func(s string) bool { return s == "" })
-	if c.MetricsAddr != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
-			bad("FAREGATE_METRICS_ADDR %q: want host:port", c.MetricsAddr)
-		}
-	}
-	if c.RedisTimeout < 100*time.Millisecond || c.RedisTimeout > time.Minute {
-		bad("FAREGATE_REDIS_TIMEOUT: want between 100ms and 1m")
-	}
-	if c.QueueMax < 1 {
-		bad("FAREGATE_QUEUE_MAX: want at least 1")
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		bad("FAREGATE_LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
-	}
-	switch c.LogFormat {
-	case "text", "json":
-	default:
-		bad("FAREGATE_LOG_FORMAT %q: want text or json", c.LogFormat)
-	}
+	return c.runRules(configRules(), unparsed)
+}
 
-	// Embedded defaults are for a laptop. On an address others can reach they
-	// would silently protect nothing, so refuse unless the operator says so.
-	if addrErr == nil && !c.Dev && !isLoopbackHost(host) {
-		if defs := c.embeddedDefaults(); len(defs) > 0 {
-			names := make([]string, len(defs))
-			for i, d := range defs {
-				names[i] = d.Variable
+// configRules is every check of the configuration, one row per check, in
+// the order problems are reported. A row is {variable without FAREGATE_,
+// check, other variables the check reads}; the checks are in
+// configrules.go. A new variable: its field in config, its line in
+// .env.example, and its rows here.
+func configRules() []rule {
+	return []rule{
+		{"ADDR", listenAddr(true), nil},
+		{"ADDR", custom(embeddedDefaultsOnPublicAddr), []string{"DEV"}},
+		{"REDIS_URL", custom(func(c *config) string {
+			if c.RedisURL == "" {
+				return ""
 			}
-			bad("FAREGATE_ADDR %s is not a loopback address and embedded defaults are active: set %s (or FAREGATE_DEV=true for a throwaway demo)",
-				c.Addr, strings.Join(names, ", "))
-		}
+			if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+				return "want a redis:// or rediss:// URL" // never echoed: it may hold a password
+			}
+			return ""
+		}), nil},
+		{"REDIS_TIMEOUT", between(100*time.Millisecond, time.Minute), nil},
+		{"IP_HASH_KEY", requiredWith("REDIS_URL", "so replicas agree on visitor keys"), []string{"REDIS_URL"}},
+		{"IP_HASH_KEY", minLen(16, "32 random bytes recommended: openssl rand -hex 32"), nil},
+
+		{"TURNSTILE_HOSTNAMES", requiredWith("TURNSTILE_SECRET_KEY", "so tokens are checked against your hostnames"), []string{"TURNSTILE_SECRET_KEY"}},
+		{"TURNSTILE_VERIFY_URL", httpURL(), nil},
+		{"TURNSTILE_SCRIPT_URL", httpURL(), nil},
+		{"TURNSTILE_TIMEOUT", between(time.Millisecond, time.Minute), nil},
+
+		{"IP_DAILY_LIMIT", atLeast[int64](1), nil},
+		{"GLOBAL_DAILY_LIMIT", atLeast[int64](1), nil},
+		{"TRUSTED_PROXIES", parsed("", func(c *config) (err error) {
+			c.trusted, err = clientip.ParseTrusted(c.TrustedProxies)
+			return err
+		}), nil},
+		{"CLIENT_IP_HEADER", custom(func(c *config) string {
+			if strings.TrimSpace(c.ClientIPHeader) == "" {
+				return "must not be empty"
+			}
+			return ""
+		}), nil},
+
+		{"WEATHER_URL", httpURL(), nil},
+		{"GEOCODING_URL", httpURL(), nil},
+		{"SEARCH_URL", httpURL(), nil},
+		{"PUBLIC_URL", httpURL(), nil},
+
+		{"LLM_BASE_URL", httpURL(), nil},
+		{"LLM_MAX_TOKENS", between(16, 1_000_000), nil},
+		// The ceiling of one call's charge must hold at least a call's own
+		// output, or every honest report would count as implausible.
+		{"LLM_MAX_CALL_TOKENS", custom(func(c *config) string {
+			if c.LLMMaxCallTokens < int64(max(c.LLMMaxTokens, 16)) || c.LLMMaxCallTokens > 1<<40 {
+				return fmt.Sprintf("want FAREGATE_LLM_MAX_TOKENS (%d) to %d", c.LLMMaxTokens, int64(1<<40))
+			}
+			return ""
+		}), []string{"LLM_MAX_TOKENS"}},
+		{"LLM_FALLBACK_BASE_URL", httpURL(), nil},
+		{"LLM_FALLBACK_MODEL", requiredWith("LLM_FALLBACK_BASE_URL", "to name the fallback's model"), []string{"LLM_FALLBACK_BASE_URL"}},
+
+		{"AGENT_MAX_STEPS", between(1, 50), nil},
+		{"AGENT_MAX_TOOL_CALLS", between(0, 200), nil},
+		{"AGENT_TIMEOUT", atLeast(time.Second), nil},
+		{"AGENT_CONCURRENCY", custom(agentConcurrency), []string{"AGENT_URL"}},
+		{"AGENT_URL", httpURL(), nil},
+		{"AGENT_SECRET", requiredWith("AGENT_URL", "to sign every delivery"), []string{"AGENT_URL"}},
+		{"AGENT_SECRET", minLen(16, "32 random bytes recommended: openssl rand -hex 32"), nil},
+		{"AGENT_CALLBACK_URL", custom(agentCallbackURL), nil},
+		{"AGENT_MAX_CALLS", between(1, 1000), nil},
+		{"AGENT_MAX_PARALLEL", between(1, 64), nil},
+		{"V1_MAX_BODY", between[int64](16384, 64<<20), nil},
+		// The form follows the agent unless set: trip for the built-in
+		// planner, prompt for an external agent.
+		{"TASK_INPUT", custom(func(c *config) string {
+			switch c.TaskInput {
+			case "":
+				c.TaskInput = api.InputTrip
+				if c.AgentURL != "" {
+					c.TaskInput = api.InputPrompt
+				}
+			case api.InputTrip:
+			case api.InputPrompt:
+				if c.AgentURL == "" {
+					return "prompt needs an external agent (FAREGATE_AGENT_URL): the built-in trip planner takes trips (destination, days, interests)"
+				}
+			default:
+				return fmt.Sprintf("%q: want trip or prompt", c.TaskInput)
+			}
+			return ""
+		}), []string{"AGENT_URL"}},
+		// The bound keeps the largest prompt (4 UTF-8 bytes a code point)
+		// with a Turnstile token inside the 16 KiB body of /api.
+		{"PROMPT_MAX_CHARS", between(1, api.MaxPromptChars), nil},
+
+		{"DAILY_TOKEN_BUDGET", atLeast[int64](1), nil},
+		{"IP_DAILY_TOKENS", atLeast[int64](1), nil},
+		{"TASK_TOKEN_LIMIT", atLeast[int64](1), nil},
+		{"LOOP_THRESHOLD", ratio(), nil},
+
+		{"BREAKER_WINDOW", positive(), nil},
+		{"BREAKER_MIN_CALLS", atLeast[uint32](1), nil},
+		{"BREAKER_FAILURE_RATIO", ratio(), nil},
+		{"BREAKER_SLOW_RATIO", ratio(), nil},
+		{"BREAKER_SLOW_CALL", positive(), nil},
+		{"BREAKER_OPEN_FOR", positive(), nil},
+		{"BREAKER_HALF_OPEN_PROBES", atLeast[uint32](1), nil},
+
+		{"AITF_MODE", oneOf("off", "observe", "enforce"), nil},
+		{"AITF_THRESHOLD", ratio(), nil},
+		// 0 used to pass and silently become the default 500.
+		{"AITF_DEGRADE_BACKLOG", atLeast(1), nil},
+		// Past the queue's bound a request is refused before it could be degraded.
+		{"AITF_DEGRADE_BACKLOG", atMostVar[int]("AITF_MAX_QUEUE"), []string{"AITF_MAX_QUEUE"}},
+		{"AITF_MAX_QUEUE", atLeast(1), nil},
+
+		{"STREAMS_PER_VISITOR", atLeast(1), nil},
+		{"STREAMS_MAX", atLeast(1), nil},
+		{"STREAM_MAX_DURATION", atLeast(time.Second), nil},
+		{"REQUESTS_PER_MINUTE", atLeast[int64](1), nil},
+		{"FAILED_CHECKS_PER_HOUR", atLeast[int64](1), nil},
+		{"LOG_SUMMARY_INTERVAL", atLeast(100 * time.Millisecond), nil},
+		{"MAX_CONNECTIONS", noted(atLeast(0), "0: three quarters of the open-file limit"), nil},
+		{"CONNECTIONS_PER_PEER", noted(atLeast(0), "0: off"), nil},
+		{"IDLE_TIMEOUT", atLeast(time.Second), nil},
+
+		{"SITE_TOKENS_PER_MINUTE", noted(atLeast[int64](0), "0: off"), nil},
+		{"SITE_PACE_WAIT", positive(), nil},
+		{"TOKEN_WAIT", positive(), nil},
+
+		{"MODEL_PRICES", parsed("", func(c *config) (err error) {
+			c.prices, err = budget.ParsePrices(c.ModelPrices)
+			return err
+		}), nil},
+		{"DAILY_SPEND_LIMIT", parsed("want an amount in the prices' currency, such as 5 or 2.50 (0: off)", func(c *config) (err error) {
+			c.spendMicro, err = budget.ParseMicro(c.DailySpendLimit)
+			return err
+		}), nil},
+		{"ALERT_WEBHOOK_URL", httpURL(), nil},
+		{"PLAN_CACHE", parsed("want off, fallback or always", func(c *config) (err error) {
+			c.cacheMode, err = plancache.ParseMode(c.PlanCache)
+			if c.AgentURL != "" {
+				// Plans are the built-in planner's; an external agent's
+				// answers are never shared between visitors (run prints a
+				// line saying so).
+				c.cacheMode = plancache.ModeOff
+			}
+			return err
+		}), []string{"AGENT_URL"}},
+		{"PLAN_CACHE_TTL", atLeast(time.Minute), nil},
+
+		{"CORS_ORIGINS", custom(func(c *config) string {
+			var bad []string
+			for _, o := range c.CORSOrigins {
+				if u, err := url.Parse(o); o != "*" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "") {
+					bad = append(bad, strconv.Quote(o))
+				}
+			}
+			if len(bad) > 0 {
+				return strings.Join(bad, ", ") + ": want origins such as https://app.example (scheme and host, no path)"
+			}
+			return ""
+		}), nil},
+		{"METRICS_ADDR", listenAddr(false), nil},
+
+		// Renewed every third of it: shorter leases would need renewals
+		// faster than a busy machine can promise.
+		{"TASK_LEASE", atLeast(3 * time.Second), nil},
+		{"QUEUE_MAX", atLeast[int64](1), nil},
+		{"SHUTDOWN_TIMEOUT", positive(), nil},
+		{"LOG_LEVEL", oneOf("debug", "info", "warn", "error"), nil},
+		{"LOG_FORMAT", oneOf("text", "json"), nil},
 	}
-	return errors.Join(errs...)
+}
+
+// embeddedDefaultsOnPublicAddr refuses embedded defaults on an address
+// others can reach: they are for a laptop, and there they would silently
+// protect nothing, unless the operator says so (FAREGATE_DEV).
+func embeddedDefaultsOnPublicAddr(c *config) string {
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil || c.Dev || isLoopbackHost(host) {
+		return "" // a bad address is listenAddr's to report
+	}
+	defs := c.embeddedDefaults()
+	if len(defs) == 0 {
+		return ""
+	}
+	names := make([]string, len(defs))
+	for i, d := range defs {
+		names[i] = d.Variable
+	}
+	return fmt.Sprintf("%s is not a loopback address and embedded defaults are active: set %s (or FAREGATE_DEV=true for a throwaway demo)",
+		c.Addr, strings.Join(names, ", "))
 }
 
 func isLoopbackHost(host string) bool {

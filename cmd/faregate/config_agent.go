@@ -20,38 +20,31 @@ const (
 	defaultConcurrencyExternal = 64
 )
 
-// validateAgent checks the external agent's variables (FAREGATE_AGENT_URL
-// and what goes with it) and fills in their derived defaults.
-func (c *config) validateAgent(bad func(format string, a ...any)) {
-	if c.AgentConcurrency == 0 {
+// agentConcurrency fills in FAREGATE_AGENT_CONCURRENCY's automatic
+// default (0) for the agent in use.
+func agentConcurrency(c *config) string {
+	switch {
+	case c.AgentConcurrency < 0:
+		return "want 0 (automatic) or more"
+	case c.AgentConcurrency == 0 && c.AgentURL != "":
+		c.AgentConcurrency = defaultConcurrencyExternal
+	case c.AgentConcurrency == 0:
 		c.AgentConcurrency = defaultConcurrencyBuiltin
-		if c.AgentURL != "" {
-			c.AgentConcurrency = defaultConcurrencyExternal
-		}
 	}
-	if c.AgentURL != "" {
-		if u, err := url.Parse(c.AgentURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("FAREGATE_AGENT_URL %q: want an http(s) URL", c.AgentURL)
-		}
-		if len(c.AgentSecret) < 16 {
-			bad("FAREGATE_AGENT_SECRET is required with FAREGATE_AGENT_URL: at least 16 characters (32 random bytes recommended); it signs every delivery")
-		}
+	return ""
+}
+
+// agentCallbackURL checks FAREGATE_AGENT_CALLBACK_URL: an http(s) base
+// URL (a path prefix is kept, a trailing slash dropped).
+func agentCallbackURL(c *config) string {
+	if c.AgentCallbackURL == "" {
+		return ""
 	}
-	if c.AgentCallbackURL != "" {
-		c.AgentCallbackURL = strings.TrimRight(c.AgentCallbackURL, "/")
-		if u, err := url.Parse(c.AgentCallbackURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			bad("FAREGATE_AGENT_CALLBACK_URL %q: want an http(s) base URL (no query)", c.AgentCallbackURL)
-		}
+	c.AgentCallbackURL = strings.TrimRight(c.AgentCallbackURL, "/")
+	if u, err := url.Parse(c.AgentCallbackURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Sprintf("%q: want an http(s) base URL (no query)", c.AgentCallbackURL)
 	}
-	if c.V1MaxBody < 16384 || c.V1MaxBody > 64<<20 {
-		bad("FAREGATE_V1_MAX_BODY: want 16384 to 67108864 bytes")
-	}
-	if c.AgentMaxCalls < 1 || c.AgentMaxCalls > 1000 {
-		bad("FAREGATE_AGENT_MAX_CALLS: want 1 to 1000")
-	}
-	if c.AgentMaxParallel < 1 || c.AgentMaxParallel > 64 {
-		bad("FAREGATE_AGENT_MAX_PARALLEL: want 1 to 64")
-	}
+	return ""
 }
 
 // agentCallback is the base URL the agent reaches faregate at: the

@@ -178,3 +178,92 @@ func TestSecondRoundConfig(t *testing.T) {
 		t.Fatalf("parsed %+v %v %v", c.prices, c.spendMicro, c.CORSOrigins)
 	}
 }
+
+// TestConfigReportsEveryProblemAtOnce: a variable that does not parse no
+// longer hides the others (issue 19, item 19): before, one parse error was
+// the whole answer. A rule on the unparsable variable itself is skipped
+// (its parse error says it), so it is named once.
+func TestConfigReportsEveryProblemAtOnce(t *testing.T) {
+	_, err := loadConfig(envOf(map[string]string{"FAREGATE_GLOBAL_DAILY_LIMIT": "many", "FAREGATE_AGENT_TIMEOUT": "90",
+		"FAREGATE_IP_DAILY_LIMIT": "0", "FAREGATE_AITF_MODE": "loud", "FAREGATE_LOG_FORMAT": "xml"}))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"FAREGATE_GLOBAL_DAILY_LIMIT: want a whole number", "FAREGATE_AGENT_TIMEOUT: want a duration",
+		"FAREGATE_IP_DAILY_LIMIT: want at least 1", `FAREGATE_AITF_MODE: "loud": want off, observe or enforce`, "FAREGATE_LOG_FORMAT"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in:\n%v", want, err)
+		}
+	}
+	if n := strings.Count(err.Error(), "FAREGATE_AGENT_TIMEOUT"); n != 1 {
+		t.Errorf("FAREGATE_AGENT_TIMEOUT named %d times:\n%v", n, err)
+	}
+	if n := len(strings.Split(err.Error(), "\n")); n != 5 {
+		t.Errorf("%d problems reported, want 5:\n%v", n, err)
+	}
+}
+
+// TestConfigRefusesWhatOnlyFailedLater: values that passed validation and
+// then failed or were silently replaced (issue 19 items 19 and 21):
+// FAREGATE_AITF_DEGRADE_BACKLOG=0 became 500; a port that is not a port
+// failed only when listening.
+func TestConfigRefusesWhatOnlyFailedLater(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"FAREGATE_AITF_DEGRADE_BACKLOG": "0"}, "FAREGATE_AITF_DEGRADE_BACKLOG: want at least 1"},
+		{map[string]string{"FAREGATE_AITF_DEGRADE_BACKLOG": "3000"}, "FAREGATE_AITF_DEGRADE_BACKLOG: want at most FAREGATE_AITF_MAX_QUEUE (2000)"},
+		{map[string]string{"FAREGATE_ADDR": "127.0.0.1:notaport"}, "FAREGATE_ADDR: \"127.0.0.1:notaport\": want host:port with a port number"},
+		{map[string]string{"FAREGATE_ADDR": "127.0.0.1:70000"}, "FAREGATE_ADDR"},
+		{map[string]string{"FAREGATE_ADDR": "localhost"}, "FAREGATE_ADDR: \"localhost\": want host:port"},
+		{map[string]string{"FAREGATE_METRICS_ADDR": "127.0.0.1:-1"}, "FAREGATE_METRICS_ADDR"},
+	} {
+		if _, err := loadConfig(envOf(tc.env)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+	for _, ok := range []map[string]string{
+		{"FAREGATE_AITF_DEGRADE_BACKLOG": "1"},
+		{"FAREGATE_AITF_DEGRADE_BACKLOG": "2000"},
+		{"FAREGATE_ADDR": "127.0.0.1:0"},
+		{"FAREGATE_ADDR": "127.0.0.1:65535", "FAREGATE_METRICS_ADDR": ":9090"},
+	} {
+		if _, err := loadConfig(envOf(ok)); err != nil {
+			t.Errorf("%v: %v", ok, err)
+		}
+	}
+	// Through the binary: the bad port is refused before anything listens.
+	_, err := startErr(t, map[string]string{"FAREGATE_ADDR": "127.0.0.1:notaport"})
+	if err == nil || !strings.Contains(err.Error(), "FAREGATE_ADDR") || strings.Contains(err.Error(), "listen ") {
+		t.Fatalf("run with FAREGATE_ADDR=127.0.0.1:notaport: %v", err)
+	}
+}
+
+// TestConfigRulesTyped: every row of the rule table names a variable of
+// config and bounds it with a value of the field's type (a mismatch is a
+// table mistake, reported as "internal:"); defaults pass every rule.
+func TestConfigRulesTyped(t *testing.T) {
+	c, err := loadConfig(envOf(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.runRules(configRules(), nil); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	keys := map[string]bool{}
+	for _, k := range configKeys() {
+		keys[k] = true
+	}
+	for _, r := range configRules() {
+		for _, n := range append([]string{r.name}, r.reads...) {
+			if !keys[n] {
+				t.Errorf("rule names FAREGATE_%s, which config does not read", n)
+			}
+		}
+	}
+	var zero config
+	if err := zero.runRules(configRules(), nil); err == nil || strings.Contains(err.Error(), "internal:") {
+		t.Errorf("the zero config: %v", err)
+	}
+}

@@ -20,6 +20,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"faregate/protect/clocktest"
 )
 
 // repoRoot is the module root, seen from this package's directory (where
@@ -134,7 +136,9 @@ func TestEnvExampleNamesEveryVariableInTheCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(inCode) < 60 {
+	// The config struct and its rule table name most variables without
+	// the prefix (added below); the rest of the code names about 35.
+	if len(inCode) < 25 {
 		t.Fatalf("only %d FAREGATE_ names found in the code: the walk is broken", len(inCode))
 	}
 	for n, file := range inCode {
@@ -496,12 +500,10 @@ func TestMetricsFamiliesAndLint(t *testing.T) {
 	// duration and stores the plan: scrape until both are counted.
 	finished := regexp.MustCompile(`(?m)^faregate_task_duration_seconds_count\{outcome="succeeded"\} 1$`)
 	var text string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	clocktest.Poll(10*time.Second, func() bool {
 		text = scrape(t, private)
-		if finished.MatchString(text) && strings.Contains(text, `faregate_plan_cache_total{op="put",outcome="ok"} 1`) || time.Now().After(deadline) {
-			break
-		}
-	}
+		return finished.MatchString(text) && strings.Contains(text, `faregate_plan_cache_total{op="put",outcome="ok"} 1`)
+	})
 
 	types := map[string]string{} // family → type, from the # TYPE lines
 	for l := range strings.Lines(text) {

@@ -152,18 +152,21 @@ func (f *fakeLLM) serve(w http.ResponseWriter, r *http.Request) {
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}
 	}
 	if rep.Forever {
+		// A chunk a millisecond, as a fast model streams, until the client
+		// goes away.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
 		for i := 0; ; i++ {
 			piece := fmt.Sprintf("word%d and more text ", i)
-			select {
-			case <-r.Context().Done():
-				return
-			default:
-			}
 			send(chunk(map[string]any{"content": piece}, nil))
 			f.mu.Lock()
 			f.streamed += len(piece)
 			f.mu.Unlock()
-			time.Sleep(time.Millisecond)
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+			}
 		}
 	}
 	if len(rep.ToolCalls) > 0 {

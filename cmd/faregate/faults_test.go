@@ -13,6 +13,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/protect/budget"
+	"faregate/protect/clocktest"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -34,12 +35,8 @@ func stalledModel(t *testing.T) *fakeLLM {
 // waitModelCalls waits until the model got n requests.
 func waitModelCalls(t *testing.T, llm *fakeLLM, n int, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for len(llm.Requests()) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the model got %d requests within %v, want %d", len(llm.Requests()), d, n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !clocktest.Poll(d, func() bool { return len(llm.Requests()) >= n }) {
+		t.Fatalf("the model got %d requests within %v, want %d", len(llm.Requests()), d, n)
 	}
 }
 
@@ -235,15 +232,8 @@ func TestFinalSaveAcrossRedisOutage(t *testing.T) {
 	outage := time.Since(cutAt)
 
 	rdb := rs.Client(t)
-	deadline := time.Now().Add(lease + 10*time.Second)
 	var rec task.Record
-	for {
-		rec = storedRecord(t, rdb, id)
-		if rec.Final() || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	clocktest.Poll(lease+10*time.Second, func() bool { rec = storedRecord(t, rdb, id); return rec.Final() })
 	if rec.Status != task.StatusSucceeded {
 		t.Fatalf("after an outage of %v (lease %v) the task is %s %+v, want succeeded", outage, lease, rec.Status, rec.Error)
 	}

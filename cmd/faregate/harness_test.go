@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"faregate/api/apitest"
+	"faregate/protect/clocktest"
 )
 
 // syncBuffer collects what run writes (start-up lines and logs) safely.
@@ -153,18 +154,14 @@ func startServerCtx(t testing.TB, parent context.Context, env map[string]string)
 
 func waitHealthy(t testing.TB, url string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	clocktest.Eventually(t, 10*time.Second, url+"/healthz answers 200", func() bool {
 		resp, err := http.Get(url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s/healthz never answered 200", url)
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
 }
 
 // reply is a decoded HTTP answer.
@@ -202,19 +199,17 @@ func taskBody(dest string) string {
 // waitTask polls a task until it is final and returns it.
 func waitTask(t testing.TB, base, id string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	var task map[string]any
+	clocktest.Eventually(t, 60*time.Second, "task "+id+" final", func() bool {
 		r := do(t, "GET", base+"/api/tasks/"+id, "", nil)
 		if r.Status != 200 {
 			t.Fatalf("GET task: %d %s", r.Status, r.Raw)
 		}
-		if s := r.Body["status"]; s == "succeeded" || s == "failed" {
-			return r.Body
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("task %s not final within 60s", id)
-	return nil
+		task = r.Body
+		s := task["status"]
+		return s == "succeeded" || s == "failed"
+	})
+	return task
 }
 
 // sseEvent is one parsed Server-Sent Event.

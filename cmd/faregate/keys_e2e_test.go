@@ -17,6 +17,7 @@ import (
 	"faregate/agent"
 	"faregate/agent/guide"
 	"faregate/protect/alert"
+	"faregate/protect/clocktest"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -187,20 +188,13 @@ func TestPolicyReloadEndToEnd(t *testing.T) {
 	admittedWithin := func(tasks int) time.Duration {
 		t.Helper()
 		pf.write(policyWith(tasks))
-		start := time.Now()
-		for {
+		return pollUntil(t, 2*time.Second, fmt.Sprintf("tasks_per_day raised to %d: a creation admitted", tasks), func() bool {
 			r := do(t, "POST", s.URL+"/api/tasks", body, acme.auth())
-			if r.Status == 202 {
-				return time.Since(start)
-			}
-			if r.code() != "key_daily_limit_reached" {
+			if r.Status != 202 && r.code() != "key_daily_limit_reached" {
 				t.Fatalf("while waiting for the reload: %d %s", r.Status, r.Raw)
 			}
-			if time.Since(start) > 2*time.Second {
-				t.Fatalf("tasks_per_day raised to %d: still refused after %v", tasks, time.Since(start))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return r.Status == 202
+		})
 	}
 
 	mustCreate("first")
@@ -262,13 +256,11 @@ func sighupReload(t *testing.T, s *server) time.Duration {
 		case <-time.After(5 * time.Second):
 			t.Fatal("SIGHUP was not delivered to this process within 5s")
 		}
-		deadline := time.Now().Add(500 * time.Millisecond)
-		for time.Now().Before(deadline) {
-			if metricValue(t, s.URL, "faregate_policy_reloads_total") > reloads &&
-				strings.Count(s.Out.String(), `"trigger":"signal"`) > logged {
-				return time.Since(start)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if clocktest.Poll(500*time.Millisecond, func() bool {
+			return metricValue(t, s.URL, "faregate_policy_reloads_total") > reloads &&
+				strings.Count(s.Out.String(), `"trigger":"signal"`) > logged
+		}) {
+			return time.Since(start)
 		}
 	}
 	t.Fatal("no reload triggered by SIGHUP within 10s")
@@ -321,31 +313,31 @@ func TestKeyRequestWindow(t *testing.T) {
 		elapsed.Round(time.Millisecond), ra, (time.Minute - elapsed).Seconds())
 }
 
-// TestKeyTokenBucketTooSmall is the L2 bucket at admission: a key whose
-// tier's tokens per minute cannot hold one minimal run is refused with
-// token_rate_limited and a Retry-After equal to the "tpm" policy's t, and
-// nothing is counted.
+// TestKeyTokenBucketTooSmall is the L2 bucket that can never hold one
+// minimal run: such a tier refuses to start, naming the tier and the
+// smallest tokens_per_minute that holds one run (its bucket holds twice
+// its rate); at exactly that rate it starts and the key is admitted. (It
+// used to start and answer every creation 429 token_rate_limited.)
 func TestKeyTokenBucketTooSmall(t *testing.T) {
 	acme := newAPIKey("acme")
-	pf := newPolicyFile(t, "tiers:\n  trickle: {tasks_per_day: 10, tokens_per_day: 2000000, tokens_per_minute: 100, requests_per_minute: 600}\nkeys:\n"+
-		acme.line("trickle"))
-	s := startServer(t, map[string]string{"FAREGATE_POLICY_FILE": pf.Path})
-	r := do(t, "POST", s.URL+"/api/tasks", `{"destination":"Rome","days":1}`, acme.auth())
-	if r.Status != 429 || r.code() != "token_rate_limited" {
-		t.Fatalf("%d %s", r.Status, r.Raw)
+	tier := func(tpm int64) string {
+		return fmt.Sprintf("tiers:\n  trickle: {tasks_per_day: 10, tokens_per_day: 2000000, tokens_per_minute: %d, requests_per_minute: 600}\nkeys:\n", tpm) +
+			acme.line("trickle")
 	}
-	ra := retryAfterMatches(t, r, "tpm")
-	if p, ok := rateLimitItem(r.Header.Get("RateLimit-Policy"), "tpm"); !ok || p["q"] != 100 || p["w"] != 60 {
-		t.Errorf("RateLimit-Policy %q", r.Header.Get("RateLimit-Policy"))
+	pf := newPolicyFile(t, tier(100))
+	env := map[string]string{"FAREGATE_POLICY_FILE": pf.Path}
+	need := minRunTokens(t, env)
+	_, err := startErr(t, env)
+	want := fmt.Sprintf("tier trickle: tokens_per_minute 100 can never hold one run (a bucket holds twice its rate): one minimal run reserves %d tokens", need)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("want at least %d", (need+1)/2)) {
+		t.Fatalf("run = %v\nwant it to contain %q and the minimum %d", err, want, (need+1)/2)
 	}
-	if ra < 1 || ra > 60 {
-		t.Errorf("Retry-After %d, want 1..60", ra)
+	pf.write(tier((need + 1) / 2))
+	s := startServer(t, env)
+	if r := do(t, "POST", s.URL+"/api/tasks", `{"destination":"Rome","days":1}`, acme.auth()); r.Status != 202 {
+		t.Fatalf("at the smallest rate that holds one run (%d): %d %s", (need+1)/2, r.Status, r.Raw)
 	}
-	u := do(t, "GET", s.URL+"/api/usage", "", acme.auth())
-	if used := u.Body["used"].(map[string]any); used["tasks"] != 0.0 || used["tokens"] != 0.0 {
-		t.Fatalf("a refused creation was counted: %s", u.Raw)
-	}
-	t.Logf("L2: tokens_per_minute 100 (capacity 200) < one minimal run: 429 token_rate_limited, Retry-After %d", ra)
+	t.Logf("L2: one minimal run %d tokens; tokens_per_minute 100 refused at start, %d admitted", need, (need+1)/2)
 }
 
 // TestKeyTokenBucketRetryAfter is the L2 bucket's Retry-After measured end

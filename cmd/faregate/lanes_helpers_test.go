@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/policy"
 )
 
@@ -129,20 +130,20 @@ func metricValue(t testing.TB, base, series string) float64 {
 	return 0
 }
 
-// pollUntil polls cond every 20 ms until it holds or timeout passes, and
-// reports how long it took.
+// pollUntil polls cond until it holds or timeout passes (failing the
+// test), and reports how long it took: clocktest.Eventually, the one
+// polling wait of these tests.
 func pollUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		if cond() {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return clocktest.Eventually(t, timeout, what, cond)
+}
+
+// letTimePass lets d of real time pass. It is no wait for an event (those
+// poll, through pollUntil or clocktest.Poll): the stretch is itself the
+// quantity a test needs, a measurement window, a gap a Retry-After must
+// count, or a Retry-After a client honours.
+func letTimePass(d time.Duration) {
+	time.Sleep(d) // the stretch of time is what the caller measures or honours
 }
 
 // postTask posts a task for dest with the header h.
@@ -315,12 +316,8 @@ func (ar *alertReceiver) names() []string {
 func (ar *alertReceiver) waitEvent(t testing.TB, name string) alertPost {
 	t.Helper()
 	var got []alertPost
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if got = ar.events(name); len(got) > 0 {
-			return got[0]
-		}
-		time.Sleep(20 * time.Millisecond)
+	if clocktest.Poll(15*time.Second, func() bool { got = ar.events(name); return len(got) > 0 }) {
+		return got[0]
 	}
 	t.Fatalf("no %s alert within 15s; received %v", name, ar.names())
 	return alertPost{}

@@ -29,6 +29,9 @@ import (
 // clients may retry freely: a re-sent script is applied once.
 type redisClients struct {
 	main, streams, queue redis.UniversalClient
+	// admissions carries the quota's counting scripts of concurrent
+	// admissions in shared pipelines on main's connections (quota.Pipelined).
+	admissions *redis.AutoPipeliner
 	// embedded is set when the in-process miniredis serves.
 	embedded bool
 	url      string
@@ -36,6 +39,9 @@ type redisClients struct {
 }
 
 func (c *redisClients) close() {
+	if c.admissions != nil {
+		_ = c.admissions.Close()
+	}
 	for _, rc := range []redis.UniversalClient{c.main, c.streams, c.queue} {
 		if rc != nil {
 			_ = rc.Close()
@@ -64,6 +70,10 @@ func openRedis(ctx context.Context, cfg *config, stdout io.Writer) (*redisClient
 	timeout := cfg.RedisTimeout
 	if c.main, err = newRedis(url, cluster, redisOptions{timeout: timeout}); err != nil {
 		return nil, nil, err
+	}
+	if c.admissions, err = c.main.AsyncAutoPipeline(); err != nil {
+		c.close()
+		return nil, nil, fmt.Errorf("redis pipeline: %w", err)
 	}
 	if c.streams, err = newRedis(url, cluster, redisOptions{timeout: timeout, pool: streamPool}); err != nil {
 		c.close()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -19,7 +18,6 @@ import (
 	"faregate/agent/taskkey"
 	"faregate/agent/tools"
 	"faregate/api"
-	"faregate/protect/plancache"
 )
 
 // callbackURL is the base URL an external agent reaches faregate at: known
@@ -44,15 +42,10 @@ type externalAgent struct {
 }
 
 // buildExternalAgent wires FAREGATE_AGENT_URL, or returns nil with the
-// built-in planner. The plan cache is off with an external agent: its
-// answers are not plans of a normalised trip request.
-func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *agent.Models, lg *slog.Logger, stdout io.Writer) *externalAgent {
+// built-in planner (the plan cache is off with it: configRules).
+func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *agent.Models, lg *slog.Logger) *externalAgent {
 	if cfg.AgentURL == "" {
 		return nil
-	}
-	if cfg.cacheMode != plancache.ModeOff {
-		fmt.Fprintln(stdout, "faregate: FAREGATE_AGENT_URL is set: the plan cache is off (FAREGATE_PLAN_CACHE is ignored)")
-		cfg.cacheMode = plancache.ModeOff
 	}
 	keys := taskkey.New(rdb, taskkey.Options{MaxEvents: 200, MaxTools: int64(cfg.AgentMaxToolCalls), NoTools: cfg.AgentMaxToolCalls == 0})
 	cb := &callbackURL{}
@@ -75,6 +68,30 @@ func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *a
 		// A dead holder's task ends worker_lost within 4/3 of the lease.
 		ResultWait: 2*cfg.TaskLease + 5*time.Second,
 	}}
+}
+
+// executor is what runs tasks: the external agent's, else builtin.
+func (x *externalAgent) executor(builtin agent.Executor) agent.Executor {
+	if x == nil {
+		return builtin
+	}
+	return x.exec
+}
+
+// surface is the /v1 surface (nil with the built-in planner).
+func (x *externalAgent) surface() *api.V1 {
+	if x == nil {
+		return nil
+	}
+	return x.v1
+}
+
+// callbackURL is the deliveries' base URL (nil with the built-in planner).
+func (x *externalAgent) callbackURL() *callbackURL {
+	if x == nil {
+		return nil
+	}
+	return x.callback
 }
 
 // v1Fetcher serves /v1/tools/fetch: one outbound session per task on this

@@ -235,6 +235,8 @@ func agentEnv(redisURL, agentURL string, extra map[string]string) map[string]str
 	env := realRedisEnv(redisURL, map[string]string{
 		"FAREGATE_AGENT_URL": agentURL, "FAREGATE_AGENT_SECRET": agentSecret,
 		"FAREGATE_AGENT_TIMEOUT": "4s", "FAREGATE_IP_DAILY_LIMIT": "100", "FAREGATE_STREAMS_PER_VISITOR": "50",
+		// The fake agent reads what to do from the trip's destination.
+		"FAREGATE_TASK_INPUT": "trip",
 	})
 	for k, v := range extra {
 		env[k] = v
@@ -520,8 +522,8 @@ func checkDelivery(t *testing.T, d delivery, id string, replicas []string) {
 // connections: the delivery is tried three times, then agent_unreachable.
 func TestExternalAgentUnreachable(t *testing.T) {
 	s := startServer(t, map[string]string{"FAREGATE_AGENT_URL": deadURL(t), "FAREGATE_AGENT_SECRET": agentSecret,
-		"FAREGATE_AGENT_TIMEOUT": "10s"})
-	r := do(t, "POST", s.URL+"/api/tasks", taskBody("Lisbon"), nil)
+		"FAREGATE_AGENT_TIMEOUT": "10s"}) // the prompt form: the default with an external agent
+	r := do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","prompt":"Plan a day in Lisbon"}`, nil)
 	if r.Status != 202 {
 		t.Fatalf("create: %d %s", r.Status, r.Raw)
 	}
@@ -601,4 +603,36 @@ func TestExternalAgentKilledReplica(t *testing.T) {
 		t.Fatalf("task changed after worker_lost: %v", final)
 	}
 	t.Logf("kill -9 → worker_lost on the other replica in %v (limit %v); the key refused from then on", took.Round(time.Millisecond), limit)
+}
+
+// TestExternalAgentPromptDelivery: in the prompt form (the default with an
+// external agent) the delivery's request is {"prompt","language"} and the
+// agent's Markdown comes back as the task's text result.
+func TestExternalAgentPromptDelivery(t *testing.T) {
+	got := make(chan json.RawMessage, 1)
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var d struct {
+			Task struct{ Request json.RawMessage } `json:"task"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&d)
+		got <- d.Task.Request
+		_, _ = io.WriteString(w, `{"result":{"text":"**Lisbon** in a day"}}`)
+	}))
+	t.Cleanup(agent.Close)
+	s := startServer(t, map[string]string{"FAREGATE_AGENT_URL": agent.URL, "FAREGATE_AGENT_SECRET": agentSecret})
+	r := do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","prompt":"Plan a day in Lisbon","language":"zh-CN"}`, nil)
+	if r.Status != 202 {
+		t.Fatalf("create: %d %s", r.Status, r.Raw)
+	}
+	id := r.Body["id"].(string)
+	task, ok := pollTask(t, s.URL, id, 15*time.Second, statusIs("succeeded"))
+	if !ok {
+		t.Fatalf("task %v", task)
+	}
+	if req := string(<-got); req != `{"prompt":"Plan a day in Lisbon","language":"zh-CN"}` {
+		t.Fatalf("delivered request %s", req)
+	}
+	if res, _ := task["result"].(map[string]any); res["text"] != "**Lisbon** in a day" || res["language"] != "zh-CN" {
+		t.Fatalf("result %v", task["result"])
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"faregate/protect/clocktest"
 )
 
 // Helpers for the fault tests: faregate as a child process the test may
@@ -247,16 +249,11 @@ func assertFinalEvents(t *testing.T, evs []sseEvent, status, errCode string) map
 // waitLog polls a process's output until a line contains every part.
 func waitLog(t *testing.T, out *syncBuffer, d time.Duration, parts ...string) string {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		if l := findLine(out.String(), parts...); l != "" {
-			return l
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line with %q within %v", parts, d)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var l string
+	if !clocktest.Poll(d, func() bool { l = findLine(out.String(), parts...); return l != "" }) {
+		t.Fatalf("no log line with %q within %v", parts, d)
 	}
+	return l
 }
 
 // countLines counts the output lines that contain every part.
@@ -292,21 +289,16 @@ func containsAll(s string, parts []string) bool {
 // task or d passes; it returns the last task seen and whether cond held.
 func pollTask(t *testing.T, base, id string, d time.Duration, cond func(task map[string]any) bool) (map[string]any, bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
 	var last map[string]any
-	for {
+	held := clocktest.Poll(d, func() bool {
 		r := do(t, "GET", base+"/api/tasks/"+id, "", nil)
-		if r.Status == 200 {
-			last = r.Body
-			if cond(last) {
-				return last, true
-			}
+		if r.Status != 200 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			return last, false
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+		last = r.Body
+		return cond(last)
+	})
+	return last, held
 }
 
 func statusIs(s string) func(map[string]any) bool {

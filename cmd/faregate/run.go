@@ -11,36 +11,28 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/go-chi/cors"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"faregate/agent"
 	"faregate/agent/chat"
-	"faregate/agent/guide"
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/agent/tokens"
 	"faregate/api"
-	"faregate/protect/aitf"
 	"faregate/protect/alert"
-	"faregate/protect/budget"
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
 	"faregate/protect/plancache"
 	"faregate/protect/policy"
-	"faregate/protect/quota"
-	"faregate/protect/ratelimit"
-	"faregate/protect/turnstile"
-	"faregate/web"
 )
 
 // usageText is the help text.
@@ -136,7 +128,10 @@ func (a *app) close() {
 	}
 }
 
-// build assembles every dependency from cfg; spans go to tp.
+// build assembles the server from its parts (parts.go), each made from
+// the ones before it: storage, operations, spending, policies, runs and
+// the HTTP front. A part that holds something open returns its close,
+// run in reverse order by app.close.
 func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerProvider) (_ *app, err error) {
 	a := &app{cfg: cfg, lg: lg, stdout: stdout, hup: make(chan struct{}, 1)}
 	defer func() {
@@ -144,186 +139,44 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 			a.close() // what was opened before the failure (Redis, the embedded server)
 		}
 	}()
-	defaults := cfg.embeddedDefaults()
-	for _, d := range defaults {
+	for _, d := range cfg.embeddedDefaults() {
 		// Loud on purpose: a demo on embedded defaults protects nothing.
 		fmt.Fprintf(stdout, "faregate: EMBEDDED DEFAULT (%s unset): %s\n", d.Variable, d.What)
+	}
+	if cfg.AgentURL != "" {
+		fmt.Fprintf(stdout, "faregate: FAREGATE_AGENT_URL set: an external agent answers (%s form); the plan cache is off, whatever FAREGATE_PLAN_CACHE says (its answers are never shared between visitors)\n", cfg.TaskInput)
 	}
 	quietRedisLog(lg)
 	quietTracingErrors(lg)
 
-	rcs, closeRedis, err := openRedis(ctx, cfg, stdout)
+	st, err := newStorage(ctx, cfg, stdout)
 	if err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, closeRedis)
-	rdb := rcs.main
-
-	key := []byte(cfg.IPHashKey)
-	if len(key) == 0 {
-		key = clientip.RandomKey()
-		fmt.Fprintln(stdout, "faregate: FAREGATE_IP_HASH_KEY unset: visitor keys use a random per-process key (replicas would disagree; set it for production)")
-	}
-	visitors := clientip.NewResolver(cfg.trusted, cfg.ClientIPHeader, key)
-
-	var verifier api.Verifier = turnstile.TestVerifier{}
-	if cfg.TurnstileSecret != "" {
-		verifier = turnstile.NewClient(turnstile.Options{
-			Secret: cfg.TurnstileSecret, VerifyURL: cfg.TurnstileVerifyURL, Hostnames: cfg.TurnstileHostnames,
-			Timeout: cfg.TurnstileTimeout, Action: cfg.TurnstileAction,
-		})
-	}
-
-	reg := prometheus.NewRegistry()
-	a.registry = reg
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildInfo(), poolStats(rcs))
-
-	a.alerts = alert.New(alert.Options{URL: cfg.AlertWebhookURL, Secret: cfg.AlertWebhookSecret,
-		Dedupe: alert.RedisDeduper(rdb), Logger: lg, Registerer: reg})
-	a.closers = append(a.closers, a.alerts.Close)
-
-	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
-		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
-	a.policies, err = policy.NewStore(policy.Options{
-		Path: cfg.PolicyFile, Defaults: public, Reload: a.hup, Logger: lg, Registerer: reg,
-		OnError: func(err error) {
-			a.alerts.Notify(alert.Alert{Event: alert.PolicyReloadFailed, Scope: "policy", Severity: alert.Warning,
-				Text: "The policy file could not be reloaded; the last good policy stays in force: " + err.Error()})
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("FAREGATE_POLICY_FILE: %w", err)
-	}
-
-	models, err := buildModels(cfg, lg, reg, a.alerts.Notify)
+	a.closers = append(a.closers, st.close)
+	ops := newOperations(cfg, lg, st)
+	a.closers = append(a.closers, ops.close)
+	sp, err := newSpending(cfg, lg, tp, st, ops)
 	if err != nil {
 		return nil, err
 	}
-	prices := cfg.prices
-	for name, p := range a.policies.Current().Prices() {
-		// The policy file's prices win over FAREGATE_MODEL_PRICES.
-		if prices == nil {
-			prices = budget.Prices{}
-		}
-		prices[name] = budget.Price{InputMicroPerMTok: p.InputMicroPerMTok, OutputMicroPerMTok: p.OutputMicroPerMTok}
+	pol, err := newPolicies(cfg, lg, a.hup, ops, sp)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.spendMicro > 0 {
-		names := []string{models.Primary.Name}
-		if models.Fallback != nil {
-			names = append(names, models.Fallback.Name)
-		}
-		if err := prices.Check(names...); err != nil {
-			return nil, fmt.Errorf("FAREGATE_DAILY_SPEND_LIMIT is set, so every model needs a price (FAREGATE_MODEL_PRICES or models: in the policy file): %w", err)
-		}
-	}
-
-	q := quota.New(rdb, nil)
-	bud := budget.New(rdb, budget.Options{
-		Limits: budget.Limits{Site: cfg.DailyTokenBudget, Principal: cfg.IPDailyTokens, Task: cfg.TaskTokenLimit, SpendMicro: cfg.spendMicro},
-		Prices: prices,
-		// A reservation outlives the longest call it can cover, then is given back.
-		ReservationTTL: cfg.AgentTimeout + cfg.LLMTimeout + time.Minute,
-		Registerer:     reg,
-	})
-	ledger := budget.NewLedger(rdb, nil)
-	reg.MustRegister(ledger)
-	limiter := ratelimit.New(rdb, ratelimit.Options{Registerer: reg})
-
-	toolbox := buildToolbox(cfg, guide.Default(), lg)
-	wf := agent.NewWorkflow(agent.Config{
-		MaxSteps: cfg.AgentMaxSteps, MaxToolCalls: cfg.AgentMaxToolCalls, Timeout: cfg.AgentTimeout,
-		MaxTokens: cfg.LLMMaxTokens, LoopThreshold: cfg.LoopThreshold,
-		TokenWait: cfg.TokenWait, SiteTokensPerMinute: cfg.SiteTokensPerMinute, SitePaceWait: cfg.SitePaceWait,
-	}, agent.Deps{
-		Models: models, Budget: bud, Ledger: ledger, Tools: toolbox, Limiter: limiter,
-		Alert: a.alerts.Notify, Logger: lg, Estimate: estimator(models), Registerer: reg,
-		Tracer: tracerFor(tp, "faregate/agent"),
-	})
-
 	// With FAREGATE_AGENT_URL the operator's agent runs each task (remote.go).
-	var exec agent.Executor = wf
-	var v1 *api.V1
-	if ext := buildExternalAgent(cfg, rdb, rcs.queue, models, lg, stdout); ext != nil {
-		exec, v1, a.callback = ext.exec, ext.v1, ext.callback
-	}
-	store := taskstore.New(rdb)
-	// Followers read the task's record through the readers' pool as well:
-	// a thousand followers arriving at once must not queue on the gate's.
-	a.hub = taskstore.NewHub(taskstore.New(rcs.streams), rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
-	cache := plancache.New(rdb, plancache.Options{TTL: cfg.PlanCacheTTL, Registerer: reg})
-	a.runner = agent.NewRunner(store, exec, agent.RunnerOptions{
-		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout, Queue: rcs.queue,
-		Release: func(ctx context.Context, rec task.Record) error {
-			_, err := bud.ReleaseTask(ctx, rec.Day, rec.ID)
-			return err
-		},
-		Succeeded: cachePlans(cache, cfg.cacheMode, lg),
-		Logger:    lg, Registerer: reg,
-		Tracer: tracerFor(tp, "faregate/agent"),
-	})
-
-	mode, err := aitf.ParseMode(cfg.AITFMode)
+	ext := buildExternalAgent(cfg, st.redis.main, st.redis.queue, sp.models, lg)
+	rn := newRuns(cfg, lg, tp, st, ops, sp, ext.executor(sp.workflow))
+	srv, err := newFront(cfg, lg, stdout, tp, st, ops, sp, pol, rn, ext.surface())
 	if err != nil {
 		return nil, err
 	}
-	var srv *api.Server
-	guard := aitf.New(aitf.Options{
-		Mode: mode, Threshold: cfg.AITFThreshold, DegradeBacklog: cfg.AITFDegradeBacklog, MaxQueue: cfg.AITFMaxQueue,
-		Debug: cfg.AITFDebug, MaxBody: api.MaxBody,
-		VisitorKey: api.PrincipalScope,
-		Route:      api.RoutePattern,
-		Refuse:     func(w http.ResponseWriter, r *http.Request, d time.Duration) { srv.RefuseAITF(w, r, d) },
-		Observed:   func(r *http.Request, res aitf.Result) { srv.Observed(r, res) },
-		ToolCallLoop: func(ctx context.Context, id string, n int) {
-			a.alerts.Notify(alert.Alert{Event: alert.ToolCallLoop, Scope: "tool_call:" + clip(id, 64), Severity: alert.Warning,
-				Text:    fmt.Sprintf("One tool_call_id was queued %d times in 10 minutes: an agent loop is calling the API.", n),
-				Details: map[string]any{"tool_call_id": clip(id, 64), "count": n}})
-		},
-		Logger: lg, Registerer: reg,
+	// A reload that raises a limit clears the denials it made wrong.
+	pol.Subscribe(func(old, p *policy.Policy) {
+		srv.ForgetDenials(slices.Contains(p.RaisedTiers(old), policy.PublicTier), p.RaisedKeys(old))
 	})
-
-	webHandler, err := web.Handler(web.Files(), web.Options{TurnstileScriptURL: cfg.TurnstileScriptURL})
-	if err != nil {
-		return nil, err
-	}
-	var corsMW func(http.Handler) http.Handler
-	if len(cfg.CORSOrigins) > 0 {
-		corsMW = cors.Handler(cors.Options{
-			AllowedOrigins:   cfg.CORSOrigins,
-			AllowedMethods:   []string{http.MethodGet, http.MethodPost, http.MethodOptions},
-			AllowedHeaders:   []string{"Authorization", "Content-Type", "Last-Event-ID"},
-			ExposedHeaders:   []string{"Retry-After", "RateLimit", "RateLimit-Policy", "X-Request-Id", "Location"},
-			AllowCredentials: false,
-			MaxAge:           600,
-		})
-	}
-	prober := &prober{rdb: rdb, now: time.Now, warn: func(msg string) { fmt.Fprintln(stdout, msg); lg.Error(msg) }}
-	srv = api.NewServer(api.Deps{
-		Logger: lg, Visitors: visitors, Verifier: verifier, Quota: q, Limiter: limiter,
-		Budget:    admissionBudget{Budget: bud, notify: a.alerts.Notify},
-		Policy:    func() api.Policy { return policyView{a.policies.Current()} },
-		PlanCache: cache, PlanCacheMode: cfg.cacheMode,
-		MinRunTokens: wf.MinRunTokens(), MinRunCost: minRunCost(bud, models, wf.MinRunTokens(), cfg.LLMMaxTokens),
-		Models: models, Tasks: a.runner, Store: store, Events: a.hub, AITF: guard,
-		Web: webHandler, Client: web.Client(), OpenAPI: api.OpenAPIDocument(), CORS: corsMW,
-		Ready: prober.probe,
-		Config: api.PublicConfig{
-			TurnstileSiteKey: cfg.TurnstileSiteKey, TurnstileScriptURL: cfg.TurnstileScriptURL,
-			TurnstileTest: cfg.TurnstileSecret == "", DevMode: len(defaults) > 0,
-		},
-		Limits: api.Limits{
-			GlobalDailyTasks: cfg.GlobalDailyLimit, SiteDailyTokens: cfg.DailyTokenBudget, DailySpendMicro: cfg.spendMicro,
-			FailedChecksPerHour: cfg.FailedChecksPerHour,
-			StreamsPerPrincipal: cfg.StreamsPerVisitor, StreamsMax: cfg.StreamsMax, StreamMaxDuration: cfg.StreamMaxDuration,
-			QueueMax: cfg.QueueMax, SummaryInterval: cfg.LogSummaryInterval,
-			RequestTimeout: requestTimeout,
-		},
-		Registry: reg, Metrics: cfg.MetricsAddr == "",
-		Tracer: tracerFor(tp, "faregate/api"),
-		V1:     v1,
-	})
-	a.server = srv
+	a.server, a.registry, a.alerts, a.policies, a.runner, a.hub = srv, ops.registry, ops.alerts, pol, rn.runner, rn.hub
+	a.callback = ext.callbackURL()
 	return a, nil
 }
 
@@ -365,15 +218,6 @@ func openaiTools(defs []chat.ToolDef) []map[string]any {
 			"name": d.Name, "description": d.Description, "parameters": d.Parameters}}
 	}
 	return out
-}
-
-// minRunCost is the money one minimal run reserves, on the primary model.
-func minRunCost(b *budget.Budget, models *agent.Models, minTokens int64, maxTokens int) int64 {
-	c, err := b.Cost(models.Next(false).Name, minTokens-int64(maxTokens), int64(maxTokens))
-	if err != nil {
-		return 0
-	}
-	return c
 }
 
 // cachePlans stores every succeeded plan without warnings for the plan

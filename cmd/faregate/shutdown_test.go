@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -33,10 +34,7 @@ func TestGracefulShutdown(t *testing.T) {
 			r := do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Rome","days":1}`, nil)
 			id := r.Body["id"].(string)
 			// Wait until the run is under way, then shut down.
-			deadline := time.Now().Add(5 * time.Second)
-			for len(llm.Requests()) == 0 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
+			clocktest.Poll(5*time.Second, func() bool { return len(llm.Requests()) > 0 })
 			if err := s.Stop(); err != nil {
 				t.Fatalf("run: %v", err)
 			}
@@ -82,4 +80,60 @@ func TestUsageCommand(t *testing.T) {
 		t.Fatal("bad -day accepted")
 	}
 	t.Logf("usage:\n%s", out.String())
+}
+
+// TestShutdownDeliversFinalEvents (#19 item 16): a task in a model call
+// that outlasts the grace period is marked failed by this replica as it
+// shuts down, and a follower on this replica gets that end: the final
+// status event (failed) and done, before its stream closes. On a single
+// replica with the embedded Redis (TestShutdownFollowerGetsFinalEvents
+// does the same on redis-server).
+func TestShutdownDeliversFinalEvents(t *testing.T) {
+	llm, _ := heldLLM(t, "Oslo")
+	s := startServer(t, map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(),
+		"FAREGATE_SHUTDOWN_TIMEOUT": "2s", "FAREGATE_WEATHER_URL": deadURL(t)})
+	id := startHeldTask(t, s, llm, "Oslo", nil)
+	st, err := openStream(t, s.URL, "/api/tasks/"+id+"/events", nil)
+	if err != nil || !st.held() {
+		t.Fatalf("open the follower's stream: %v", err)
+	}
+	defer st.close()
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop() }()
+
+	// Read the stream to its end (the server closes it when it stops).
+	_ = st.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var events []sseEvent
+	var cur sseEvent
+	for {
+		line, err := st.events.ReadString('\n')
+		if err != nil {
+			break
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case line == "":
+			if cur.Type != "" {
+				events = append(events, cur)
+			}
+			cur = sseEvent{}
+		case strings.HasPrefix(line, "event: "):
+			cur.Type = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			cur.Data += line[6:]
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if len(events) < 2 {
+		t.Fatalf("the follower's stream ended with %d events, want the final status and done: %+v\n%s", len(events), events, s.Out.String())
+	}
+	last, status := events[len(events)-1], events[len(events)-2]
+	if last.Type != "done" || status.Type != "status" || !strings.Contains(status.Data, `"failed"`) {
+		t.Fatalf("the stream's last events are %+v, %+v; want status failed, then done", status, last)
+	}
+	if !strings.Contains(last.Data, "shut down") {
+		t.Fatalf("done does not say why the task failed: %s", last.Data)
+	}
 }

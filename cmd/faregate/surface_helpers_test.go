@@ -55,13 +55,7 @@ func startHeldTask(t testing.TB, s *server, llm *fakeLLM, hold string, header ma
 	if r.Status != 202 {
 		t.Fatalf("create the followed task: %d %s", r.Status, r.Raw)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !llmAsked(llm, hold) {
-		if time.Now().After(deadline) {
-			t.Fatal("the followed task's model call did not start within 20s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pollUntil(t, 20*time.Second, "the followed task's model call started", func() bool { return llmAsked(llm, hold) })
 	return r.Body["id"].(string)
 }
 

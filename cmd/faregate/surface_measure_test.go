@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -145,7 +146,7 @@ func TestMeasureHostileStreams(t *testing.T) {
 	// 3. What the held streams cost while they wait, once the runs are over.
 	waitRuns(t, s, int(ended0)+created.get("202"))
 	meter = startOps(t, rc)
-	time.Sleep(3 * time.Second) // a measurement interval, not synchronisation
+	letTimePass(3 * time.Second) // a measurement interval, not synchronisation
 	idleOps, idleN := meter.rate(t)
 
 	// Denials: every answer but a held stream or a 202. Refusals (4xx) are
@@ -163,11 +164,10 @@ func TestMeasureHostileStreams(t *testing.T) {
 			}
 		}
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if total, _, _ := refusalSummary(s.Out.String()[logBase:]); total >= int64(refused) || time.Now().After(deadline) {
-			break
-		}
-	}
+	clocktest.Poll(30*time.Second, func() bool {
+		total, _, _ := refusalSummary(s.Out.String()[logBase:])
+		return total >= int64(refused)
+	})
 	added := s.Out.String()[logBase:]
 	var denialBytes, otherBytes int
 	for _, line := range strings.SplitAfter(added, "\n") {
@@ -203,10 +203,7 @@ func endedTasks(t testing.TB, s *server) float64 {
 // waitRuns polls until n tasks have ended in this process (2 min at most):
 // a measurement of what waiting streams cost starts once the runs are over.
 func waitRuns(t testing.TB, s *server, n int) {
-	for deadline := time.Now().Add(2 * time.Minute); endedTasks(t, s) < float64(n); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Logf("only %v of %d tasks ended within 2 min", endedTasks(t, s), n)
-			return
-		}
+	if !clocktest.Poll(2*time.Minute, func() bool { return endedTasks(t, s) >= float64(n) }) {
+		t.Logf("only %v of %d tasks ended within 2 min", endedTasks(t, s), n)
 	}
 }

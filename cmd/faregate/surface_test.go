@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"faregate/protect/clientip"
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -125,20 +126,17 @@ func TestSurfaceStreamRefusalsAreFree(t *testing.T) {
 // reopen retries a stream until the server has freed a slot for it.
 func reopen(t *testing.T, base, path string, header map[string]string) *rawStream {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, err := openStream(t, base, path, header)
-		if err != nil {
+	var st *rawStream
+	if !clocktest.Poll(10*time.Second, func() bool {
+		var err error
+		if st, err = openStream(t, base, path, header); err != nil {
 			t.Fatal(err)
 		}
-		if st.held() {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no slot freed within 10s of closing a stream: %d %s", st.resp.StatusCode, st.raw)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return st.held()
+	}) {
+		t.Fatalf("no slot freed within 10s of closing a stream: %d %s", st.resp.StatusCode, st.raw)
 	}
+	return st
 }
 
 // TestSurfaceStreamCapPerProcess: FAREGATE_STREAMS_MAX bounds the streams
@@ -250,7 +248,7 @@ func TestSurfaceThousandFollowersOneReader(t *testing.T) {
 	// seconds. The 2 s window is a measurement interval, not a wait for an
 	// event.
 	meter := startOps(t, rc)
-	time.Sleep(2 * time.Second)
+	letTimePass(2 * time.Second)
 	idleOps, idleN := meter.rate(t)
 	if idleOps >= 300 {
 		t.Fatalf("%d followers waiting: %.1f Redis commands/s (%d in the interval), want < 300", followers, idleOps, idleN)
@@ -312,7 +310,7 @@ func TestSurfaceWindowAcrossReplicas(t *testing.T) {
 	// A gap of real time, so a Retry-After counted from the burst (or from
 	// now) would differ from one counted from the first request. It is the
 	// quantity under test, not a wait for an event.
-	time.Sleep(3 * time.Second)
+	letTimePass(3 * time.Second)
 
 	var codes answerTally
 	runWorkers(30, 30, func(i int) {
@@ -538,17 +536,13 @@ func TestSurfaceLogVolumeOfRefusals(t *testing.T) {
 	}
 
 	// Wait for the summaries to account for every refusal.
-	deadline := time.Now().Add(30 * time.Second)
 	var total int64
 	var byCode map[string]int64
 	var lines int
-	for {
+	clocktest.Poll(30*time.Second, func() bool {
 		total, byCode, lines = refusalSummary(s.Out.String()[base:])
-		if total >= requests || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return total >= requests
+	})
 	if total != requests {
 		t.Fatalf("the summaries count %d refusals, want %d: %v", total, requests, byCode)
 	}
@@ -693,13 +687,7 @@ func TestSurfaceReadyzProbeCache(t *testing.T) {
 	rs.Stop()
 	stopped := time.Now()
 	var r reply
-	for {
-		r = do(t, "GET", s.URL+"/readyz", "", nil)
-		if r.Status != 200 || time.Since(stopped) > 15*time.Second {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	clocktest.Poll(15*time.Second, func() bool { r = do(t, "GET", s.URL+"/readyz", "", nil); return r.Status != 200 })
 	down := time.Since(stopped)
 	if r.Status != 503 || r.code() != "demo_protection_unavailable" || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("/readyz with Redis stopped: %d %s", r.Status, r.Raw)
@@ -714,13 +702,7 @@ func TestSurfaceReadyzProbeCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	for {
-		r = do(t, "GET", s.URL+"/readyz", "", nil)
-		if r.Status == 200 || time.Since(restarted) > 15*time.Second {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	clocktest.Poll(15*time.Second, func() bool { r = do(t, "GET", s.URL+"/readyz", "", nil); return r.Status == 200 })
 	if r.Status != 200 {
 		t.Fatalf("/readyz after Redis came back: %d %s", r.Status, r.Raw)
 	}
@@ -834,12 +816,8 @@ func TestSurfaceConnectionLimit(t *testing.T) {
 	// client; close it and wait until the server counts none (it learns of
 	// a close asynchronously).
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
-	for seriesValue(scrapeMetrics(t, private), "faregate_connections_open") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server still counts other connections: %v open", seriesValue(scrapeMetrics(t, private), "faregate_connections_open"))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !clocktest.Poll(10*time.Second, func() bool { return seriesValue(scrapeMetrics(t, private), "faregate_connections_open") == 0 }) {
+		t.Fatalf("the server still counts other connections: %v open", seriesValue(scrapeMetrics(t, private), "faregate_connections_open"))
 	}
 
 	type kept struct {
@@ -884,24 +862,23 @@ func TestSurfaceConnectionLimit(t *testing.T) {
 
 	// Closing one frees its place (polled: the server learns of it asynchronously).
 	conns[0].conn.Close()
-	deadline = time.Now().Add(10 * time.Second)
-	for {
+	var last int
+	if !clocktest.Poll(10*time.Second, func() bool {
 		k := dial()
 		r := rawGet(t, k.conn, k.br, s.URL, "/api/config", nil)
-		if r.StatusCode == 200 {
-			break
+		if last = r.StatusCode; last == 200 {
+			return true
 		}
 		k.conn.Close()
-		if time.Now().After(deadline) {
-			t.Fatalf("no place freed within 10s of closing a connection: %d", r.StatusCode)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no place freed within 10s of closing a connection: %d", last)
 	}
 }
 
 // TestSurfaceAccessLineNamesPrincipal: the one line of an admission and the
-// one line of a 5xx both carry the request's principal (the visitor's
-// truncated hash), never its address.
+// one line of a dependency's outage both carry the request's principal (the
+// visitor's truncated hash), never its address.
 func TestSurfaceAccessLineNamesPrincipal(t *testing.T) {
 	rs := redistest.Start(t)
 	const hashKey = "test-hash-key-0123456789abcdef"
@@ -923,18 +900,19 @@ func TestSurfaceAccessLineNamesPrincipal(t *testing.T) {
 		return v.String()
 	}
 	line := func(requestID string) map[string]any {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		var found map[string]any
+		if !clocktest.Poll(10*time.Second, func() bool {
 			for _, l := range jsonLogLines(s.Out.String()) {
 				if l["request_id"] == requestID {
-					return l
+					found = l
+					return true
 				}
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no log line for request %s:\n%s", requestID, s.Out.String())
-			}
-			time.Sleep(20 * time.Millisecond)
+			return false
+		}) {
+			t.Fatalf("no log line for request %s:\n%s", requestID, s.Out.String())
 		}
+		return found
 	}
 
 	const admittedIP, failedIP = "198.51.100.7", "203.0.113.8"
@@ -952,9 +930,11 @@ func TestSurfaceAccessLineNamesPrincipal(t *testing.T) {
 	if r.Status != 503 || r.code() != "demo_protection_unavailable" {
 		t.Fatalf("with Redis stopped: %d %s", r.Status, r.Raw)
 	}
+	// The outage's 503s are summarised; the one line that says Redis went
+	// down names the request that met it, and its principal.
 	l = line(r.Header.Get("X-Request-Id"))
-	if l["status"] != 503.0 || l["code"] != "demo_protection_unavailable" || l["principal"] != label(failedIP) {
-		t.Fatalf("5xx line %v, want principal %s", l, label(failedIP))
+	if l["msg"] != "dependency down" || l["dependency"] != "redis" || l["code"] != "demo_protection_unavailable" || l["principal"] != label(failedIP) {
+		t.Fatalf("outage line %v, want principal %s", l, label(failedIP))
 	}
 	if out := s.Out.String(); strings.Contains(out, admittedIP) || strings.Contains(out, failedIP) {
 		t.Fatal("a log line carries a visitor's address")

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"faregate/agent/offline"
+	"faregate/protect/clocktest"
 )
 
 // startTraced is startServer with the spans going to tp, handed to run
@@ -62,19 +63,14 @@ func TestTracingSpanTree(t *testing.T) {
 	// answer or the final save the client saw.
 	var spans tracetest.SpanStubs
 	var post, run tracetest.SpanStub
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !clocktest.Poll(10*time.Second, func() bool {
 		spans = exp.GetSpans()
 		var okPost, okRun bool
 		post, okPost = only(t, spans, "POST /api/tasks")
 		run, okRun = only(t, spans, "task.run")
-		if okPost && okRun {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("spans %v: no POST server span or task.run", names(spans))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return okPost && okRun
+	}) {
+		t.Fatalf("spans %v: no POST server span or task.run", names(spans))
 	}
 
 	// The request: a server span with the gate's checks as its children.
@@ -346,19 +342,20 @@ func wantAttrs(t *testing.T, s tracetest.SpanStub, want map[string]any) {
 // is val, waiting a little: the access line is written after the answer.
 func waitLogLine(t *testing.T, s *server, msg, key, val string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var found map[string]any
+	if !clocktest.Poll(5*time.Second, func() bool {
 		sc := bufio.NewScanner(strings.NewReader(s.Out.String()))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			var line map[string]any
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == msg && line[key] == val {
-				return line
+				found = line
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q log line with %s=%s:\n%s", msg, key, val, s.Out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no %q log line with %s=%s:\n%s", msg, key, val, s.Out.String())
 	}
+	return found
 }

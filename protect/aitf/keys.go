@@ -49,7 +49,7 @@ type keySpec struct {
 }
 
 // Key ids. The ones referenced as parents, and the ids value rules
-// contribute under, are named; the rest are numbered in lookupKey.
+// contribute under, are named; the rest are numbered in vocabulary order.
 const (
 	kNone uint8 = iota
 	kMetadata
@@ -62,278 +62,173 @@ const (
 	kIDCall       // id: "call_…", "toolu_…"
 	kIDLLM        // id: "chatcmpl-…", "asst_…", "resp_…"
 	kTools        // tools: a list of tool definitions
-	kFirstOther   // ids from here on are assigned in lookupKey
+	kFirstOther   // ids from here on are assigned in vocabulary order
 )
 
-// lookupKey maps a normalised key (lower-case, '_', '-', '.' and spaces
-// removed) to its spec. A switch on string(b) neither allocates nor needs a
-// package-level map. Strengths say how specific a key is to agent traffic
-// within its dimension: 1 for keys only agent frameworks send, lower for
-// keys ordinary APIs share; the fitted weights then scale whole dimensions.
-func lookupKey(b []byte) keySpec {
-	const o = kFirstOther
-	switch string(b) {
+// keyGroup is one line of the vocabulary: synonyms that count as one key
+// (a key counts once per body), the dimension they feed, how their value
+// becomes a contribution, and their strength within the dimension: 1 for
+// keys only agent frameworks send, lower for keys ordinary APIs share; the
+// fitted weights then scale whole dimensions.
+type keyGroup struct {
+	names string // normalised names (lower case, no '_', '-', '.' or spaces), space-separated
+	id    uint8  // a named id (kToolCalls…) or 0: numbered in order from kFirstOther
+	dim   uint8
+	rule  rule
+	w     float64
+}
+
+// vocabulary is every key the scanner knows. lookupKey, in keys_gen.go, is
+// generated from it: a switch on the normalised key, which Go compiles to a
+// search by length and content; it beat an open-addressing hash table of
+// the same names by 2.5x per lookup in one benchmark run, and needs no
+// table built at start.
+//
+//go:generate go test -run ^TestKeysGenerated$ -update-keys
+var vocabulary = [...]keyGroup{
 	// recursion: loop, hop, iteration and turn bounds
-	case "recursiondepth", "recursionlimit", "maxrecursion", "maxrecursiondepth", "chaindepth", "maxchaindepth":
-		return keySpec{o + 0, dimRecursion, ruleDepth, 1}
-	case "maxhops", "maxloops":
-		return keySpec{o + 1, dimRecursion, ruleDepth, 1}
-	case "maxiterations", "maxiter", "maxiters":
-		return keySpec{o + 2, dimRecursion, ruleDepth, 1}
-	case "maxturns", "maxround", "maxrounds", "maxconsecutiveautoreply":
-		return keySpec{o + 3, dimRecursion, ruleDepth, 1}
-	case "maxdiscoverydepth", "maxcrawldepth":
-		return keySpec{o + 4, dimRecursion, ruleDepth, 1}
-	case "maxactionsperstep", "maxstepsperrun", "maxtoolcalls":
-		return keySpec{o + 5, dimRecursion, ruleDepth, 1}
-	case "maxsteps", "hops":
-		return keySpec{o + 6, dimRecursion, ruleDepth, 0.6}
-	case "maxdepth":
-		// A dive log and a tree model have a max_depth too.
-		return keySpec{o + 7, dimRecursion, ruleDepth, 0.5}
-	case "depth":
-		// Ordinary tree, filter and chess-engine APIs use "depth"; it only hints.
-		return keySpec{o + 8, dimRecursion, ruleDepth, 0.3}
-	case "recursive":
-		return keySpec{o + 9, dimRecursion, ruleTrue, 0.5}
+	{"recursiondepth recursionlimit maxrecursion maxrecursiondepth chaindepth maxchaindepth", 0, dimRecursion, ruleDepth, 1},
+	{"maxhops maxloops", 0, dimRecursion, ruleDepth, 1},
+	{"maxiterations maxiter maxiters", 0, dimRecursion, ruleDepth, 1},
+	{"maxturns maxround maxrounds maxconsecutiveautoreply", 0, dimRecursion, ruleDepth, 1},
+	{"maxdiscoverydepth maxcrawldepth", 0, dimRecursion, ruleDepth, 1},
+	{"maxactionsperstep maxstepsperrun maxtoolcalls", 0, dimRecursion, ruleDepth, 1},
+	{"maxsteps hops", 0, dimRecursion, ruleDepth, 0.6},
+	// A dive log and a tree model have a max_depth too.
+	{"maxdepth", 0, dimRecursion, ruleDepth, 0.5},
+	// Ordinary tree, filter and chess-engine APIs use "depth"; it only hints.
+	{"depth", 0, dimRecursion, ruleDepth, 0.3},
+	{"recursive", 0, dimRecursion, ruleTrue, 0.5},
 
 	// non-interactive: batch, autonomous, crawler and headless runs
-	case "mode", "runmode", "executionmode", "agentmode", "agenttype", "agent", "process", "strategy":
-		return keySpec{o + 10, dimNonInteractive, ruleAgentMode, 1}
-	case "interactive", "humanintheloop":
-		return keySpec{o + 11, dimNonInteractive, ruleFalse, 1}
-	case "noninteractive", "unattended", "autonomous", "autoapprove", "autorun", "autoconfirm":
-		return keySpec{o + 12, dimNonInteractive, ruleTrue, 1}
-	case "requireapproval":
-		return keySpec{o + 13, dimNonInteractive, ruleFalse, 0.8}
-	case "humaninputmode":
-		return keySpec{o + 14, dimNonInteractive, ruleNever, 1}
-	case "headless":
-		// A headless CMS and a CI browser run are headless too.
-		return keySpec{o + 15, dimNonInteractive, ruleTrue, 0.6}
-	case "completionwindow":
-		return keySpec{o + 16, dimNonInteractive, rulePresent, 1}
-	case "inputfileid":
-		return keySpec{o + 17, dimNonInteractive, rulePresent, 0.6}
-	case "customid":
-		return keySpec{o + 18, dimNonInteractive, rulePresent, 0.5}
-	case "starturls":
-		return keySpec{o + 19, dimNonInteractive, ruleObject, 1}
-	case "maxcrawlpages", "maxrequestspercrawl", "maxpagespercrawl":
-		return keySpec{o + 20, dimNonInteractive, rulePositive, 1}
-	case "maxconcurrency":
-		return keySpec{o + 21, dimNonInteractive, rulePositive, 0.6}
-	case "onlymaincontent", "usevision", "enablewebsearch", "domsettletimeoutms":
-		return keySpec{o + 22, dimNonInteractive, ruleAny, 0.8}
-	case "scrapeoptions", "crawlerconfig", "browserconfig", "crawleroptions", "jsonoptions", "crawlconfig":
-		return keySpec{o + 23, dimNonInteractive, rulePresent, 0.8}
-	case "allowexternallinks", "allowbackwardlinks", "ignoresitemap", "ignoreinvalidurls":
-		return keySpec{o + 24, dimNonInteractive, ruleAny, 0.6}
-	case "proxyconfiguration", "proxylocation":
-		return keySpec{o + 25, dimNonInteractive, rulePresent, 0.6}
-	case "displaywidthpx", "displayheightpx", "displaynumber":
-		return keySpec{o + 26, dimNonInteractive, ruleNumber, 0.6}
-	case "asyncexecution":
-		return keySpec{o + 27, dimNonInteractive, ruleAny, 0.6}
+	{"mode runmode executionmode agentmode agenttype agent process strategy", 0, dimNonInteractive, ruleAgentMode, 1},
+	{"interactive humanintheloop", 0, dimNonInteractive, ruleFalse, 1},
+	{"noninteractive unattended autonomous autoapprove autorun autoconfirm", 0, dimNonInteractive, ruleTrue, 1},
+	{"requireapproval", 0, dimNonInteractive, ruleFalse, 0.8},
+	{"humaninputmode", 0, dimNonInteractive, ruleNever, 1},
+	// A headless CMS and a CI browser run are headless too.
+	{"headless", 0, dimNonInteractive, ruleTrue, 0.6},
+	{"completionwindow", 0, dimNonInteractive, rulePresent, 1},
+	{"inputfileid", 0, dimNonInteractive, rulePresent, 0.6},
+	{"customid", 0, dimNonInteractive, rulePresent, 0.5},
+	{"starturls", 0, dimNonInteractive, ruleObject, 1},
+	{"maxcrawlpages maxrequestspercrawl maxpagespercrawl", 0, dimNonInteractive, rulePositive, 1},
+	{"maxconcurrency", 0, dimNonInteractive, rulePositive, 0.6},
+	{"onlymaincontent usevision enablewebsearch domsettletimeoutms", 0, dimNonInteractive, ruleAny, 0.8},
+	{"scrapeoptions crawlerconfig browserconfig crawleroptions jsonoptions crawlconfig", 0, dimNonInteractive, rulePresent, 0.8},
+	{"allowexternallinks allowbackwardlinks ignoresitemap ignoreinvalidurls", 0, dimNonInteractive, ruleAny, 0.6},
+	{"proxyconfiguration proxylocation", 0, dimNonInteractive, rulePresent, 0.6},
+	{"displaywidthpx displayheightpx displaynumber", 0, dimNonInteractive, ruleNumber, 0.6},
+	{"asyncexecution", 0, dimNonInteractive, ruleAny, 0.6},
 
 	// context inflation
-	case "contextwindow", "contextlength", "contextsize", "maxcontext", "maxcontextlength",
-		"maxcontexttokens", "numctx", "nctx", "ctxsize", "maxprompttokens", "maxinputtokens":
-		return keySpec{o + 30, dimContext, ruleContext, 1}
-	case "truncationstrategy":
-		return keySpec{o + 31, dimContext, rulePresent, 0.8}
+	{"contextwindow contextlength contextsize maxcontext maxcontextlength maxcontexttokens numctx nctx ctxsize maxprompttokens maxinputtokens", 0, dimContext, ruleContext, 1},
+	{"truncationstrategy", 0, dimContext, rulePresent, 0.8},
 
 	// chunking and retrieval set-up
-	case "chunksize", "chunktokens", "chunklength":
-		return keySpec{o + 35, dimChunking, ruleChunkSize, 1}
-	case "chunkoverlap":
-		return keySpec{o + 36, dimChunking, ruleAny, 1}
-	case "chunkstrategy", "chunkingstrategy", "chunking":
-		return keySpec{o + 37, dimChunking, rulePresent, 1}
-	case "textsplitter", "nodeparser", "splitter":
-		return keySpec{o + 38, dimChunking, rulePresent, 1}
-	case "embeddingmodel", "embedmodel", "embeddings":
-		return keySpec{o + 39, dimChunking, rulePresent, 0.6}
-	case "similaritytopk", "fetchk", "searchkwargs":
-		return keySpec{o + 40, dimChunking, rulePresent, 0.6}
-	case "similaritythreshold":
-		return keySpec{o + 41, dimChunking, ruleNumber, 0.4}
+	{"chunksize chunktokens chunklength", 0, dimChunking, ruleChunkSize, 1},
+	{"chunkoverlap", 0, dimChunking, ruleAny, 1},
+	{"chunkstrategy chunkingstrategy chunking", 0, dimChunking, rulePresent, 1},
+	{"textsplitter nodeparser splitter", 0, dimChunking, rulePresent, 1},
+	{"embeddingmodel embedmodel embeddings", 0, dimChunking, rulePresent, 0.6},
+	{"similaritytopk fetchk searchkwargs", 0, dimChunking, rulePresent, 0.6},
+	{"similaritythreshold", 0, dimChunking, ruleNumber, 0.4},
 
 	// retry and rate policy
-	case "retrystrategy", "retrypolicy":
-		return keySpec{o + 45, dimRetry, rulePresent, 1}
-	case "maxretries":
-		return keySpec{o + 46, dimRetry, rulePresent, 1}
-	case "retries", "retry":
-		// CI runners, job queues and payment retries say this too.
-		return keySpec{o + 47, dimRetry, rulePresent, 0.5}
-	case "maxattempts", "maxrequestretries":
-		return keySpec{o + 48, dimRetry, rulePresent, 0.8}
-	case "backoff", "backofffactor", "backoffstrategy", "retrybackoff", "exponentialbackoff":
-		return keySpec{o + 49, dimRetry, rulePresent, 0.6}
-	case "retrydelay", "retryon":
-		return keySpec{o + 50, dimRetry, rulePresent, 0.6}
-	case "maxfailures":
-		return keySpec{o + 52, dimRetry, rulePositive, 0.8}
+	{"retrystrategy retrypolicy", 0, dimRetry, rulePresent, 1},
+	{"maxretries", 0, dimRetry, rulePresent, 1},
+	// CI runners, job queues and payment retries say this too.
+	{"retries retry", 0, dimRetry, rulePresent, 0.5},
+	{"maxattempts maxrequestretries", 0, dimRetry, rulePresent, 0.8},
+	{"backoff backofffactor backoffstrategy retrybackoff exponentialbackoff", 0, dimRetry, rulePresent, 0.6},
+	{"retrydelay retryon", 0, dimRetry, rulePresent, 0.6},
+	{"maxfailures", 0, dimRetry, rulePositive, 0.8},
 
 	// tool-call identity and tool definitions
-	case "toolcallid", "tooluseid":
-		return keySpec{o + 55, dimToolCall, ruleToolID, 1}
-	case "callid":
-		return keySpec{o + 56, dimToolCall, ruleCallID, 1}
-	case "toolcalls":
-		return keySpec{kToolCalls, dimToolCall, ruleObject, 1}
-	case "functioncall", "toolcall":
-		return keySpec{o + 57, dimToolCall, rulePresent, 1}
-	case "function":
-		return keySpec{kFunction, dimToolCall, ruleFunction, 1}
-	case "functions":
-		return keySpec{o + 58, dimToolCall, ruleObject, 0.5}
-	case "toolchoice":
-		return keySpec{o + 59, dimToolCall, rulePresent, 0.8}
-	case "paralleltoolcalls":
-		return keySpec{o + 60, dimToolCall, ruleAny, 0.8}
-	case "toolname":
-		return keySpec{o + 61, dimToolCall, rulePresent, 0.5}
-	case "tools":
-		// A hardware shop sends "tools" too; alone it stays a hint.
-		return keySpec{kTools, dimToolCall, ruleObject, 0.25}
-	case "tooloutputs", "requiredaction", "submittooloutputs":
-		return keySpec{o + 63, dimToolCall, rulePresent, 1}
-	case "toolresources", "inputschema", "toolinput":
-		return keySpec{o + 64, dimToolCall, rulePresent, 0.8}
-	case "arguments":
-		return keySpec{o + 65, dimToolCall, rulePresent, 0.4}
-	case "serverlabel":
-		return keySpec{o + 66, dimToolCall, rulePresent, 0.6}
-	case "protocolversion":
-		return keySpec{o + 67, dimToolCall, rulePresent, 0.5}
-	case "method":
-		return keySpec{o + 68, dimToolCall, ruleMethod, 1}
-	case "type":
-		return keySpec{kTypeTool, dimToolCall, ruleType, 1}
-	case "role":
-		return keySpec{o + 69, dimToolCall, ruleRole, 1}
-	case "id":
-		return keySpec{kID, dimToolCall, ruleNestedID, 1}
+	{"toolcallid tooluseid", 0, dimToolCall, ruleToolID, 1},
+	{"callid", 0, dimToolCall, ruleCallID, 1},
+	{"toolcalls", kToolCalls, dimToolCall, ruleObject, 1},
+	{"functioncall toolcall", 0, dimToolCall, rulePresent, 1},
+	{"function", kFunction, dimToolCall, ruleFunction, 1},
+	{"functions", 0, dimToolCall, ruleObject, 0.5},
+	{"toolchoice", 0, dimToolCall, rulePresent, 0.8},
+	{"paralleltoolcalls", 0, dimToolCall, ruleAny, 0.8},
+	{"toolname", 0, dimToolCall, rulePresent, 0.5},
+	// A hardware shop sends "tools" too; alone it stays a hint.
+	{"tools", kTools, dimToolCall, ruleObject, 0.25},
+	{"tooloutputs requiredaction submittooloutputs", 0, dimToolCall, rulePresent, 1},
+	{"toolresources inputschema toolinput", 0, dimToolCall, rulePresent, 0.8},
+	{"arguments", 0, dimToolCall, rulePresent, 0.4},
+	{"serverlabel", 0, dimToolCall, rulePresent, 0.6},
+	{"protocolversion", 0, dimToolCall, rulePresent, 0.5},
+	{"method", 0, dimToolCall, ruleMethod, 1},
+	{"type", kTypeTool, dimToolCall, ruleType, 1},
+	{"role", 0, dimToolCall, ruleRole, 1},
+	{"id", kID, dimToolCall, ruleNestedID, 1},
 
 	// model metadata and LLM settings
-	case "metadata":
-		return keySpec{kMetadata, dimMetadata, ruleNone, 0}
-	case "confidence", "confidencescore":
-		return keySpec{o + 75, dimMetadata, ruleConfidence, 1}
-	case "metadataconfidence":
-		return keySpec{o + 76, dimMetadata, ruleUnit, 1}
-	case "systemfingerprint":
-		return keySpec{o + 77, dimMetadata, rulePresent, 1}
-	case "logprobs", "toplogprobs":
-		return keySpec{o + 78, dimMetadata, rulePresent, 0.8}
-	case "finishreason", "stopreason":
-		return keySpec{o + 79, dimMetadata, rulePresent, 0.8}
-	case "prompttokens", "completiontokens", "totaltokens", "inputtokens", "outputtokens":
-		return keySpec{o + 80, dimMetadata, rulePositive, 0.7}
-	case "modelsusage", "tokenusage", "usagemetadata":
-		return keySpec{o + 81, dimMetadata, rulePresent, 1}
-	case "model", "modelname", "modelid":
-		// A person in an LLM playground names a model too: a weak signal.
-		return keySpec{o + 82, dimMetadata, ruleModelName, 0.4}
-	case "llm", "managerllm", "functioncallingllm", "chatmodel", "llmmodel":
-		return keySpec{o + 83, dimMetadata, ruleLLM, 1}
-	case "provider":
-		return keySpec{o + 84, dimMetadata, ruleModelName, 0.6}
-	case "modelclient", "llmconfig", "configlist", "modelpreferences", "modelsettings", "modelkwargs":
-		return keySpec{o + 85, dimMetadata, rulePresent, 1}
-	case "object":
-		return keySpec{o + 86, dimMetadata, ruleObjectKind, 0.8}
+	{"metadata", kMetadata, dimMetadata, ruleNone, 0},
+	{"confidence confidencescore", 0, dimMetadata, ruleConfidence, 1},
+	{"metadataconfidence", 0, dimMetadata, ruleUnit, 1},
+	{"systemfingerprint", 0, dimMetadata, rulePresent, 1},
+	{"logprobs toplogprobs", 0, dimMetadata, rulePresent, 0.8},
+	{"finishreason stopreason", 0, dimMetadata, rulePresent, 0.8},
+	{"prompttokens completiontokens totaltokens inputtokens outputtokens", 0, dimMetadata, rulePositive, 0.7},
+	{"modelsusage tokenusage usagemetadata", 0, dimMetadata, rulePresent, 1},
+	// A person in an LLM playground names a model too: a weak signal.
+	{"model modelname modelid", 0, dimMetadata, ruleModelName, 0.4},
+	{"llm managerllm functioncallingllm chatmodel llmmodel", 0, dimMetadata, ruleLLM, 1},
+	{"provider", 0, dimMetadata, ruleModelName, 0.6},
+	{"modelclient llmconfig configlist modelpreferences modelsettings modelkwargs", 0, dimMetadata, rulePresent, 1},
+	{"object", 0, dimMetadata, ruleObjectKind, 0.8},
 
 	// LLM sampling parameters
-	case "temperature":
-		return keySpec{o + 90, dimSampling, ruleTemperature, 0.5}
-	case "topp", "typicalp", "minp":
-		return keySpec{o + 91, dimSampling, ruleUnit, 0.5}
-	case "topk":
-		return keySpec{o + 92, dimSampling, rulePositive, 0.4}
-	case "maxtokens", "maxnewtokens", "maxcompletiontokens", "maxoutputtokens":
-		return keySpec{o + 93, dimSampling, rulePositive, 0.5}
-	case "frequencypenalty", "presencepenalty":
-		return keySpec{o + 94, dimSampling, ruleNumber, 0.5}
-	case "repetitionpenalty", "repeatpenalty":
-		return keySpec{o + 95, dimSampling, ruleNumber, 0.5}
-	case "logitbias", "stopsequences":
-		return keySpec{o + 96, dimSampling, rulePresent, 0.5}
-	case "responseformat":
-		return keySpec{o + 97, dimSampling, rulePresent, 0.6}
-	case "reasoningeffort", "budgettokens":
-		return keySpec{o + 98, dimSampling, rulePresent, 0.8}
-	case "reasoning", "thinking":
-		return keySpec{o + 99, dimSampling, ruleObject, 0.5}
-	case "streamoptions":
-		return keySpec{o + 100, dimSampling, rulePresent, 0.6}
+	{"temperature", 0, dimSampling, ruleTemperature, 0.5},
+	{"topp typicalp minp", 0, dimSampling, ruleUnit, 0.5},
+	{"topk", 0, dimSampling, rulePositive, 0.4},
+	{"maxtokens maxnewtokens maxcompletiontokens maxoutputtokens", 0, dimSampling, rulePositive, 0.5},
+	{"frequencypenalty presencepenalty", 0, dimSampling, ruleNumber, 0.5},
+	{"repetitionpenalty repeatpenalty", 0, dimSampling, ruleNumber, 0.5},
+	{"logitbias stopsequences", 0, dimSampling, rulePresent, 0.5},
+	{"responseformat", 0, dimSampling, rulePresent, 0.6},
+	{"reasoningeffort budgettokens", 0, dimSampling, rulePresent, 0.8},
+	{"reasoning thinking", 0, dimSampling, ruleObject, 0.5},
+	{"streamoptions", 0, dimSampling, rulePresent, 0.6},
 
 	// agent framework traces and agent definitions
-	case "intermediatesteps", "agentscratchpad":
-		return keySpec{o + 105, dimTrace, rulePresent, 1}
-	case "thought", "thoughts":
-		// A journal entry has a thought too: alone it only hints.
-		return keySpec{o + 106, dimTrace, ruleText, 0.6}
-	case "observation", "observations":
-		return keySpec{o + 107, dimTrace, ruleText, 0.6}
-	case "action", "actions":
-		// GitHub's "action": "opened" is a string; an agent's action is an
-		// object or a list of them.
-		return keySpec{o + 108, dimTrace, ruleObject, 0.5}
-	case "actioninput":
-		return keySpec{o + 109, dimTrace, rulePresent, 0.8}
-	case "parentrunid":
-		return keySpec{o + 110, dimTrace, rulePresent, 0.8}
-	case "scratchpad", "chainofthought":
-		return keySpec{o + 111, dimTrace, rulePresent, 0.8}
-	case "runid":
-		return keySpec{o + 112, dimTrace, rulePresent, 0.5}
-	case "callbacks":
-		return keySpec{o + 113, dimTrace, rulePresent, 0.5}
-	case "traceid":
-		return keySpec{o + 114, dimTrace, rulePresent, 0.3}
-	case "spanid":
-		return keySpec{o + 115, dimTrace, rulePresent, 0.2}
-	case "runname", "dottedorder":
-		return keySpec{o + 116, dimTrace, rulePresent, 0.8}
-	case "runtype":
-		return keySpec{o + 117, dimTrace, ruleRunType, 1}
-	case "configurable", "checkpointid", "checkpointns":
-		return keySpec{o + 118, dimTrace, ruleAny, 0.8}
-	case "streammode", "interruptbefore", "interruptafter":
-		return keySpec{o + 119, dimTrace, rulePresent, 0.6}
-	case "assistantid":
-		return keySpec{o + 120, dimTrace, rulePresent, 0.8}
-	case "threadid":
-		// Forums and support desks have threads too.
-		return keySpec{o + 121, dimTrace, rulePresent, 0.3}
-	case "additionalinstructions", "systemprompt":
-		return keySpec{o + 122, dimTrace, rulePresent, 0.6}
-	case "stepdetails", "previousresponseid":
-		return keySpec{o + 123, dimTrace, rulePresent, 1}
-	case "maxrpm", "crew":
-		// CrewAI's agent and kickoff settings.
-		return keySpec{o + 51, dimTrace, ruleAny, 0.8}
-	case "backstory", "allowdelegation":
-		return keySpec{o + 124, dimTrace, ruleAny, 1}
-	case "expectedoutput", "crewoutput", "tasksoutput":
-		return keySpec{o + 125, dimTrace, rulePresent, 0.8}
-	case "currentstate", "modeloutput":
-		return keySpec{o + 126, dimTrace, ruleObject, 0.6}
-	case "nextgoal", "evaluationpreviousgoal", "navigationgoal", "dataextractiongoal":
-		return keySpec{o + 127, dimTrace, rulePresent, 1}
-	case "terminationcondition", "speakerselectionmethod", "allowrepeatspeaker":
-		return keySpec{o + 128, dimTrace, ruleAny, 0.8}
-	case "finalanswer":
-		return keySpec{o + 129, dimTrace, rulePresent, 0.6}
-	case "paststeps", "handleparsingerrors", "earlystoppingmethod":
-		return keySpec{o + 130, dimTrace, ruleAny, 0.8}
-	case "returnintermediatesteps":
-		return keySpec{o + 131, dimTrace, ruleAny, 1}
-	}
-	return keySpec{}
+	{"intermediatesteps agentscratchpad", 0, dimTrace, rulePresent, 1},
+	// A journal entry has a thought too: alone it only hints.
+	{"thought thoughts", 0, dimTrace, ruleText, 0.6},
+	{"observation observations", 0, dimTrace, ruleText, 0.6},
+	// GitHub's "action": "opened" is a string; an agent's action is an
+	// object or a list of them.
+	{"action actions", 0, dimTrace, ruleObject, 0.5},
+	{"actioninput", 0, dimTrace, rulePresent, 0.8},
+	{"parentrunid", 0, dimTrace, rulePresent, 0.8},
+	{"scratchpad chainofthought", 0, dimTrace, rulePresent, 0.8},
+	{"runid", 0, dimTrace, rulePresent, 0.5},
+	{"callbacks", 0, dimTrace, rulePresent, 0.5},
+	{"traceid", 0, dimTrace, rulePresent, 0.3},
+	{"spanid", 0, dimTrace, rulePresent, 0.2},
+	{"runname dottedorder", 0, dimTrace, rulePresent, 0.8},
+	{"runtype", 0, dimTrace, ruleRunType, 1},
+	{"configurable checkpointid checkpointns", 0, dimTrace, ruleAny, 0.8},
+	{"streammode interruptbefore interruptafter", 0, dimTrace, rulePresent, 0.6},
+	{"assistantid", 0, dimTrace, rulePresent, 0.8},
+	// Forums and support desks have threads too.
+	{"threadid", 0, dimTrace, rulePresent, 0.3},
+	{"additionalinstructions systemprompt", 0, dimTrace, rulePresent, 0.6},
+	{"stepdetails previousresponseid", 0, dimTrace, rulePresent, 1},
+	// CrewAI's agent and kickoff settings.
+	{"maxrpm crew", 0, dimTrace, ruleAny, 0.8},
+	{"backstory allowdelegation", 0, dimTrace, ruleAny, 1},
+	{"expectedoutput crewoutput tasksoutput", 0, dimTrace, rulePresent, 0.8},
+	{"currentstate modeloutput", 0, dimTrace, ruleObject, 0.6},
+	{"nextgoal evaluationpreviousgoal navigationgoal dataextractiongoal", 0, dimTrace, rulePresent, 1},
+	{"terminationcondition speakerselectionmethod allowrepeatspeaker", 0, dimTrace, ruleAny, 0.8},
+	{"finalanswer", 0, dimTrace, rulePresent, 0.6},
+	{"paststeps handleparsingerrors earlystoppingmethod", 0, dimTrace, ruleAny, 0.8},
+	{"returnintermediatesteps", 0, dimTrace, ruleAny, 1},
 }
 
 // agentMode reports whether a normalised mode value names a batch,

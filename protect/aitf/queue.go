@@ -36,6 +36,14 @@ const (
 	queueFullRetry = 2 * time.Second
 	alertAfter     = 15 // queueings of one tool_call_id tolerated per window
 	alertWindow    = 10 * time.Minute
+	// alertsPerWindow bounds the tool call alerts (log line and callback)
+	// of all ids together per window: a client that changes its id every
+	// 16 requests must not turn each id into a line and a webhook.
+	alertsPerWindow = 10
+	// perIDMax bounds the requests of one tool_call_id in the queue, the
+	// one running included: they run one at a time, so more than a few
+	// only wait, and one id must not fill the queue everyone shares.
+	perIDMax = 8
 )
 
 // queue is the delay queue: a depth counter bounded by MaxQueue (checked
@@ -63,17 +71,24 @@ func (q *queue) Depth() int {
 	return q.depth
 }
 
-// lock waits until no other request with id runs, or ctx ends.
-func (q *queue) lock(ctx context.Context, id string) (release func(), err error) {
-	q.mu.Lock()
+// join takes a place among id's requests, unless perIDMax of them are in
+// the queue already (nil). The caller holds q.mu and hands the place back
+// with unref, or through the release lock returns.
+func (q *queue) join(id string) *idLock {
 	l := q.locks[id]
 	if l == nil {
 		l = &idLock{sem: make(chan struct{}, 1)}
 		q.locks[id] = l
+	} else if l.refs >= perIDMax {
+		return nil
 	}
 	l.refs++
-	q.mu.Unlock()
+	return l
+}
 
+// lock waits, on the place join took, until no other request with id
+// runs, or ctx ends (and then gives the place back).
+func (q *queue) lock(ctx context.Context, id string, l *idLock) (release func(), err error) {
 	select {
 	case l.sem <- struct{}{}:
 		return sync.OnceFunc(func() {
@@ -96,10 +111,13 @@ func (q *queue) unref(id string, l *idLock) {
 }
 
 // alertBook counts queueings per tool_call_id (by hash) in fixed windows,
-// in bounded memory.
+// in bounded memory, and the alerts raised for all ids together.
 type alertBook struct {
 	mu  sync.Mutex
 	ids *lru[uint64, alertState]
+	// raised counts the alerts of the window that began at raisedStart.
+	raisedStart int64
+	raised      int
 }
 
 type alertState struct {
@@ -124,6 +142,22 @@ func (a *alertBook) count(id uint64, now time.Time) int32 {
 	return st.n
 }
 
+// raise reports whether one more alert fits in the current window's
+// alertsPerWindow, and counts it if so.
+func (a *alertBook) raise(now time.Time) bool {
+	t := now.UnixNano()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if t-a.raisedStart >= int64(alertWindow) || t < a.raisedStart {
+		a.raisedStart, a.raised = t, 0
+	}
+	if a.raised >= alertsPerWindow {
+		return false
+	}
+	a.raised++
+	return true
+}
+
 // Admit applies the delay queue to the request's Result (enforce mode only;
 // in observe and off modes, and without a Result, it returns at once).
 //
@@ -131,19 +165,31 @@ func (a *alertBook) count(id uint64, now time.Time) int32 {
 // (halved with X-AITF-Opt-In: true) on its own timer. Once the backlog (the
 // requests waiting now) passes DegradeBacklog, requests scoring above 0.7
 // skip the wait and are marked degraded. At MaxQueue waiting, suspicious
-// requests are refused with a *QueueFullError (errors.Is ErrQueueFull). A
-// request with a tool_call_id then waits until no other request with that id
-// runs; the returned release ends its turn and must be called when the
-// handler finishes (it is safe to call twice). If the client goes away,
-// Admit leaves the queue at once and returns ctx.Err().
+// requests are refused with a *QueueFullError (errors.Is ErrQueueFull); so
+// is a request whose tool_call_id has eight requests in the queue already
+// (the one running included), so one id never fills the queue for others.
+// A request with a tool_call_id then waits until no other request with
+// that id runs; the returned release ends its turn and must be called when
+// the handler has started answering, or finished (it is safe to call
+// twice; Delay calls it at the first byte of the answer). If the client
+// goes away, Admit leaves the queue at once and returns ctx.Err(); if the
+// request's own deadline passes first, the client is still there and gets
+// the *QueueFullError, never a silent nothing.
 //
 // The decision, degraded flag and time held are recorded in the context's
 // Result; X-AITF-Decision is set on w only for allowed debug requests.
 func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), err error) {
+	release, _, err = g.admit(w, r)
+	return release, err
+}
+
+// admit is Admit; held reports that release ends a tool_call_id's turn
+// (and is not the no-op).
+func (g *Guard) admit(w http.ResponseWriter, r *http.Request) (release func(), held bool, err error) {
 	noop := func() {}
 	e, ok := r.Context().Value(ctxKey{}).(*entry)
 	if !ok || g.o.Mode != ModeEnforce {
-		return noop, nil
+		return noop, false, nil
 	}
 	res := &e.res
 	defer func() {
@@ -152,22 +198,41 @@ func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), e
 		}
 	}()
 
+	id := res.ToolCallID
 	suspicious := res.Score >= g.o.Threshold
-	if !suspicious && res.ToolCallID == "" {
+	if !suspicious && id == "" {
 		res.Decision = DecisionPass
-		return noop, nil
+		return noop, false, nil
 	}
 
 	route := g.o.Route(r)
+	refuse := func() error {
+		res.Decision = DecisionRefused
+		g.m.refused.WithLabelValues(route).Inc()
+		return &QueueFullError{RetryAfter: queueFullRetry}
+	}
+	// out is the answer to a request whose context ended in the queue: a
+	// deadline is this server being too slow, the client is still there.
+	out := func(ctx context.Context) error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return refuse()
+		}
+		return ctx.Err()
+	}
 	start := time.Now()
 	var wait time.Duration
+	var place *idLock
 	g.q.mu.Lock()
 	backlog := g.q.depth
 	if suspicious && backlog >= g.o.MaxQueue {
 		g.q.mu.Unlock()
-		res.Decision = DecisionRefused
-		g.m.refused.WithLabelValues(route).Inc()
-		return nil, &QueueFullError{RetryAfter: queueFullRetry}
+		return nil, false, refuse()
+	}
+	if id != "" {
+		if place = g.q.join(id); place == nil {
+			g.q.mu.Unlock()
+			return nil, false, refuse()
+		}
 	}
 	degrade := suspicious && res.Score > degradeFrom && backlog > g.o.DegradeBacklog
 	if suspicious && !degrade {
@@ -177,7 +242,7 @@ func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), e
 		}
 	}
 	// Lock waiters count in the backlog too: they hold a place in line.
-	queued := wait > 0 || res.ToolCallID != ""
+	queued := wait > 0 || id != ""
 	if queued {
 		g.q.depth++
 		g.m.depth.Inc()
@@ -194,8 +259,8 @@ func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), e
 		g.m.depth.Dec()
 	}
 
-	if res.ToolCallID != "" {
-		g.countToolCall(r, res.ToolCallID, route)
+	if id != "" {
+		g.countToolCall(r, id, route)
 	}
 
 	if wait > 0 {
@@ -205,17 +270,20 @@ func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), e
 		case <-r.Context().Done():
 			t.Stop()
 			leave()
-			return nil, r.Context().Err()
+			if place != nil {
+				g.q.unref(id, place)
+			}
+			return nil, false, out(r.Context())
 		}
 	}
 	release = noop
-	if res.ToolCallID != "" {
+	if place != nil {
 		// Degraded requests skip the delay, not this: one tool call never
 		// runs twice at once.
-		release, err = g.q.lock(r.Context(), res.ToolCallID)
+		release, err = g.q.lock(r.Context(), id, place)
 		if err != nil {
 			leave()
-			return nil, err
+			return nil, false, out(r.Context())
 		}
 	}
 	leave()
@@ -231,20 +299,25 @@ func (g *Guard) Admit(w http.ResponseWriter, r *http.Request) (release func(), e
 	default:
 		res.Decision = DecisionPass
 	}
-	return release, nil
+	return release, place != nil, nil
 }
 
 // countToolCall counts one queueing of a tool_call_id (every Admit of it
 // that is not refused, whatever it then waits for) and raises the
-// operator's alert on the 16th within a window: one WARN line, one metric
-// increment and one Options.ToolCallLoop call, per id per window. The
-// count is kept per id, so the line is rate-limited per id.
+// operator's alert on the 16th within a window: one metric increment per
+// id per window, and one WARN line and one Options.ToolCallLoop call per
+// id per window as long as the window has raised fewer than ten for all
+// ids together (a client can make up ids faster than anyone reads alerts).
 func (g *Guard) countToolCall(r *http.Request, id, route string) {
-	n := g.alerts.count(maphash.String(g.seed, id), g.o.Now())
+	now := g.o.Now()
+	n := g.alerts.count(maphash.String(g.seed, id), now)
 	if n != alertAfter+1 {
 		return
 	}
 	g.m.alerts.WithLabelValues(route).Inc()
+	if !g.alerts.raise(now) {
+		return
+	}
 	g.o.Logger.WarnContext(r.Context(), "aitf: tool_call_id queued repeatedly",
 		"visitor", g.o.VisitorKey(r), "route", route, "count", n,
 		"window", alertWindow.String())
@@ -254,11 +327,14 @@ func (g *Guard) countToolCall(r *http.Request, id, route string) {
 }
 
 // Delay is middleware that calls Admit and then next, releasing the
-// tool_call_id turn when next returns. A full queue is answered through
-// Options.Refuse; a client that went away gets no answer at all.
+// tool_call_id turn as soon as next starts answering (its first header,
+// byte or flush), or returns: an event stream's turn ends when the stream
+// begins, not when it ends. A full queue, and a request out of time in it,
+// are answered through Options.Refuse; a client that went away gets no
+// answer at all.
 func (g *Guard) Delay(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		release, err := g.Admit(w, r)
+		release, held, err := g.admit(w, r)
 		var full *QueueFullError
 		switch {
 		case errors.As(err, &full):
@@ -268,6 +344,36 @@ func (g *Guard) Delay(next http.Handler) http.Handler {
 			return
 		}
 		defer release()
+		if held {
+			w = &releaseOnAnswer{ResponseWriter: w, release: release}
+		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// releaseOnAnswer ends a tool_call_id's turn when the handler starts
+// answering. Unwrap lets http.ResponseController reach the writer's
+// deadlines; FlushError is what the controller's Flush finds first.
+type releaseOnAnswer struct {
+	http.ResponseWriter
+	release func()
+}
+
+func (w *releaseOnAnswer) WriteHeader(code int) {
+	if code >= 200 {
+		w.release()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *releaseOnAnswer) Write(b []byte) (int, error) {
+	w.release()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *releaseOnAnswer) FlushError() error {
+	w.release()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *releaseOnAnswer) Unwrap() http.ResponseWriter { return w.ResponseWriter }

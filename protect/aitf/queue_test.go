@@ -3,6 +3,7 @@ package aitf
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -487,4 +488,211 @@ func TestToolCallAlert(t *testing.T) {
 	if got := testutil.ToFloat64(f.g.m.alerts.WithLabelValues("tasks")); got != 2 {
 		t.Errorf("tool_call_alerts_total = %v, want 2", got)
 	}
+}
+
+// TestAdmitBoundsOneToolCallID: one id held and twenty more of it arriving
+// queue at most perIDMax in all (the rest refused at once), so another
+// agent's suspicious request still finds room in a queue of ten.
+func TestAdmitBoundsOneToolCallID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, func(o *Options) { o.Mode = ModeEnforce; o.MaxQueue = 10 })
+		ctx := context.Background()
+		hold, err := f.g.Admit(httptest.NewRecorder(), scored(ctx, 0.3, false, "call_Z"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var waiters []<-chan outcome
+		refused := 0
+		for range 20 {
+			ch := admitAsync(f.g, scored(ctx, 0.3, false, "call_Z"))
+			synctest.Wait()
+			select {
+			case o := <-ch:
+				if !errors.Is(o.err, ErrQueueFull) || o.res.Decision != DecisionRefused {
+					t.Fatalf("a call_Z past the bound: %v (%s), want ErrQueueFull", o.err, o.res.Decision)
+				}
+				refused++
+			default:
+				waiters = append(waiters, ch)
+			}
+		}
+		if len(waiters) != perIDMax-1 || refused != 20-(perIDMax-1) {
+			t.Fatalf("%d call_Z waiting and %d refused, want %d and %d", len(waiters), refused, perIDMax-1, 20-(perIDMax-1))
+		}
+		settled(t, f.g, perIDMax-1)
+
+		other := admitAsync(f.g, scored(ctx, 0.9, false, "call_Y"))
+		synctest.Wait()
+		if pending(other) {
+			t.Fatal("another agent's request was answered before its delay")
+		}
+		time.Sleep(time.Second) // the bubble's clock: its 200 ms + 0.9 × 800 ms
+		synctest.Wait()
+		select {
+		case o := <-other:
+			if o.err != nil || o.res.Decision != DecisionDelayed {
+				t.Fatalf("another agent's request: %v (%s), want delayed and admitted", o.err, o.res.Decision)
+			}
+			o.release()
+		default:
+			t.Fatal("another agent's request is still waiting")
+		}
+
+		// Released, the waiters run one at a time.
+		hold()
+		for range waiters {
+			synctest.Wait()
+			o, ok := firstReady(waiters)
+			if !ok || o.err != nil {
+				t.Fatalf("a call_Z waiter after the release: ran %v, %v", ok, o.err)
+			}
+			if _, again := firstReady(waiters); again {
+				t.Fatal("two call_Z requests ran at once")
+			}
+			o.release()
+		}
+		synctest.Wait()
+		if f.g.QueueDepth() != 0 || len(f.g.q.locks) != 0 {
+			t.Errorf("after all released: depth %d, %d locks held", f.g.QueueDepth(), len(f.g.q.locks))
+		}
+		if got := testutil.ToFloat64(f.g.m.refused.WithLabelValues("tasks")); got != float64(refused) {
+			t.Errorf("refused_total = %v, want %d", got, refused)
+		}
+	})
+}
+
+// TestDelayReleasesWhenTheAnswerStarts: behind Delay, a stream holding a
+// tool_call_id lets the next request of that id run as soon as it has sent
+// its headers (or flushed), not when it ends.
+func TestDelayReleasesWhenTheAnswerStarts(t *testing.T) {
+	starts := map[string]func(w http.ResponseWriter){
+		"WriteHeader": func(w http.ResponseWriter) { w.WriteHeader(http.StatusOK) },
+		"Write":       func(w http.ResponseWriter) { _, _ = io.WriteString(w, "retry: 1000\n\n") },
+		"Flush": func(w http.ResponseWriter) {
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Errorf("Flush through the wrapper: %v", err)
+			}
+		},
+	}
+	for name, begin := range starts {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture(t, func(o *Options) { o.Mode = ModeEnforce })
+				end := make(chan struct{})
+				began := make(chan struct{}, 2)
+				stream := f.g.Delay(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					begin(w)
+					began <- struct{}{}
+					<-end // the stream stays open
+				}))
+				first := httptest.NewRecorder()
+				go stream.ServeHTTP(first, scored(context.Background(), 0.3, false, "call_Z"))
+				<-began
+				second := httptest.NewRecorder()
+				done := make(chan struct{})
+				go func() {
+					stream.ServeHTTP(second, scored(context.Background(), 0.3, false, "call_Z"))
+					close(done)
+				}()
+				synctest.Wait()
+				select {
+				case <-began:
+				default:
+					t.Fatal("the second request of the id waits for the first stream to end")
+				}
+				close(end)
+				<-done
+				if !first.Flushed && name == "Flush" {
+					t.Error("the flush did not reach the writer")
+				}
+			})
+		})
+	}
+}
+
+// TestDelayAnswersWhenOutOfTime: a request whose own deadline passes while
+// it waits in the queue (on the timer or on a tool_call_id) is answered 503
+// aitf_queue_full with Retry-After, never a 200 with no body.
+func TestDelayAnswersWhenOutOfTime(t *testing.T) {
+	tests := []struct {
+		name   string
+		holdID string
+		score  float64
+	}{
+		{"waiting on the timer", "", 1.0},
+		{"waiting on the tool_call_id", "call_held", 0.3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture(t, func(o *Options) { o.Mode = ModeEnforce })
+				if tc.holdID != "" {
+					release, err := f.g.Admit(httptest.NewRecorder(), scored(context.Background(), 0.3, false, tc.holdID))
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer release()
+				}
+				ran := false
+				h := f.g.Delay(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, scored(ctx, tc.score, false, tc.holdID))
+				if ran || w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "2" ||
+					!strings.Contains(w.Body.String(), `"aitf_queue_full"`) {
+					t.Fatalf("out of time in the queue: ran %v, %d %q Retry-After %q", ran, w.Code, w.Body, w.Header().Get("Retry-After"))
+				}
+				if d := f.g.QueueDepth(); d != 0 {
+					t.Errorf("queue depth %d after the deadline, want 0", d)
+				}
+			})
+		})
+	}
+}
+
+// TestToolCallAlertsBoundedOverall: a client that changes its tool_call_id
+// every 16 requests raises the metric for each id but at most
+// alertsPerWindow log lines and callbacks per window.
+func TestToolCallAlertsBoundedOverall(t *testing.T) {
+	calls := 0
+	f := newFixture(t, func(o *Options) {
+		o.Mode = ModeEnforce
+		o.ToolCallLoop = func(context.Context, string, int) { calls++ }
+	})
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	flood := func(ids int, prefix string) {
+		for i := range ids {
+			for range alertAfter + 1 {
+				if _, err := f.g.Admit(httptest.NewRecorder(), scored(gone, 0.7, false, fmt.Sprintf("%s_%d", prefix, i))); !errors.Is(err, context.Canceled) {
+					t.Fatalf("Admit: %v", err)
+				}
+			}
+		}
+	}
+	flood(40, "call")
+	if n := len(f.log.lines(slog.LevelWarn)); n != alertsPerWindow || calls != alertsPerWindow {
+		t.Fatalf("40 looping ids: %d WARN lines and %d callbacks, want %d each", n, calls, alertsPerWindow)
+	}
+	if got := testutil.ToFloat64(f.g.m.alerts.WithLabelValues("tasks")); got != 40 {
+		t.Errorf("tool_call_alerts_total = %v, want 40 (the metric counts them all)", got)
+	}
+	f.clk.Advance(alertWindow)
+	flood(1, "next")
+	if calls != alertsPerWindow+1 {
+		t.Errorf("the next window's first looping id: %d callbacks, want %d", calls, alertsPerWindow+1)
+	}
+}
+
+// firstReady takes the outcome of the first of chs that has one.
+func firstReady(chs []<-chan outcome) (outcome, bool) {
+	for _, c := range chs {
+		select {
+		case o := <-c:
+			return o, true
+		default:
+		}
+	}
+	return outcome{}, false
 }

@@ -12,9 +12,15 @@
 // secret the body is signed, X-Faregate-Signature: sha256=<hex HMAC-SHA256
 // of the exact body>. Without a URL alerts are log lines only.
 //
-// Notify never blocks its caller: alerts wait in a bounded queue that one
-// worker (Run) empties, and an alert that finds the queue full is dropped
-// and counted. The worker sends each alert at most four times (three
+// Notify never blocks its caller: alerts wait in bounded queues that
+// workers (Run) empty, and an alert that finds its queue full is dropped
+// and counted. There are two lanes, each with its own queue and worker
+// (lanes.go): the operator's (policy, breaker, site budgets) and the
+// traffic's (alerts whose scope a request chooses), so a flood of the one a
+// visitor can cause never delays or drops the other. Each lane sends at
+// most EventLimit alerts of one event per window (10 per 10 minutes) on
+// top of the per-scope deduplication; the rest are counted, and the next
+// one sent says how many were held back. A worker sends each alert at most four times (three
 // retries on network errors, 5xx and 429, with exponential backoff and
 // jitter, honouring Retry-After up to a cap) with a timeout per attempt.
 // Only the first alert per event and scope within a window (10 minutes) is
@@ -43,6 +49,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"faregate/protect/pause"
 	"faregate/protect/promreg"
 )
 
@@ -56,6 +63,7 @@ const (
 	ToolCallLoop       = "tool_call_loop"       // a run repeated a tool call
 	PolicyReloadFailed = "policy_reload_failed" // an invalid policy file was kept out
 	Overage            = "overage"              // usage settled above its reservation
+	UsageImplausible   = "usage_implausible"    // a provider's usage report below zero, past the ceiling or unreadable
 )
 
 // Severities, as the payload names them.
@@ -67,7 +75,7 @@ const (
 
 var knownEvents = map[string]bool{
 	BudgetWarning: true, BudgetExhausted: true, BreakerOpen: true, BreakerClosed: true,
-	Anomaly: true, ToolCallLoop: true, PolicyReloadFailed: true, Overage: true,
+	Anomaly: true, ToolCallLoop: true, PolicyReloadFailed: true, Overage: true, UsageImplausible: true,
 }
 
 // Alert is one thing to tell operators.
@@ -98,8 +106,11 @@ type Options struct {
 	Secret string
 	// Client sends the POSTs (a client that does not follow redirects).
 	Client *http.Client
-	// QueueSize bounds the alerts waiting for the worker (256).
+	// QueueSize bounds the alerts waiting for each lane's worker (256).
 	QueueSize int
+	// EventLimit bounds the alerts of one event that each lane lets
+	// through per Window, whatever their scopes (10).
+	EventLimit int
 	// Dedupe is shared by every replica (RedisDeduper); nil: this process's
 	// memory only.
 	Dedupe Deduper
@@ -130,6 +141,7 @@ const (
 	outcomeDropped      = "dropped"
 	outcomeDeduplicated = "deduplicated"
 	outcomeLogged       = "logged"
+	outcomeLimited      = "limited"
 )
 
 // maxAttempts is one try and three retries.
@@ -150,7 +162,8 @@ type Notifier struct {
 	total *prometheus.CounterVec
 	local *memory
 
-	queue   chan queued
+	queues  [laneCount]chan queued
+	limits  [laneCount]*limiter
 	closing chan struct{}
 	done    chan struct{}
 	closed  atomic.Bool
@@ -168,6 +181,9 @@ func New(o Options) *Notifier {
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = 256
+	}
+	if o.EventLimit <= 0 {
+		o.EventLimit = 10
 	}
 	if o.Window <= 0 {
 		o.Window = 10 * time.Minute
@@ -192,29 +208,33 @@ func New(o Options) *Notifier {
 	}
 	total := promreg.Register(o.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "faregate_alerts_total",
-		Help: "Alerts by event and outcome (sent, failed, dropped, deduplicated, logged).",
+		Help: "Alerts by event and outcome (sent, failed, dropped, deduplicated, limited, logged).",
 	}, []string{"event", "outcome"}))
 	// Every series this Notifier can move exists at 0 from the start, so
 	// rate() and increase() see the first alert of its kind.
-	outcomes := []string{outcomeDropped, outcomeDeduplicated, outcomeLogged}
+	outcomes := []string{outcomeDropped, outcomeDeduplicated, outcomeLimited, outcomeLogged}
 	if o.URL != "" {
-		outcomes = []string{outcomeDropped, outcomeDeduplicated, outcomeSent, outcomeFailed}
+		outcomes = []string{outcomeDropped, outcomeDeduplicated, outcomeLimited, outcomeSent, outcomeFailed}
 	}
 	for ev := range knownEvents {
 		for _, oc := range outcomes {
 			total.WithLabelValues(ev, oc)
 		}
 	}
-	return &Notifier{
+	n := &Notifier{
 		o:       o,
 		lg:      o.Logger,
 		total:   total,
 		local:   newMemory(o.Now),
-		queue:   make(chan queued, o.QueueSize),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
-		wait:    sleep,
+		wait:    pause.For,
 	}
+	for l := range laneCount {
+		n.queues[l] = make(chan queued, o.QueueSize)
+		n.limits[l] = newLimiter(o.EventLimit, o.Window)
+	}
+	return n
 }
 
 // defaultBackoff waits a random time up to 0.5s, 1s, 2s before retries 1–3.
@@ -223,9 +243,11 @@ func defaultBackoff(attempt int) time.Duration {
 	return rand.N(ceiling) + time.Millisecond
 }
 
-// Notify queues a and returns at once. An alert whose event and scope were
-// already raised within the window is counted as deduplicated; one that
-// finds the queue full, or the Notifier closed, is dropped and counted.
+// Notify queues a in its lane and returns at once. An alert past its
+// lane's EventLimit for the window is counted as limited; one whose event
+// and scope were already raised within the window is counted as
+// deduplicated; one that finds its queue full, or the Notifier closed, is
+// dropped and counted.
 func (n *Notifier) Notify(a Alert) {
 	a = clean(a)
 	win := a.Window
@@ -236,24 +258,45 @@ func (n *Notifier) Notify(a Alert) {
 		n.count(a.Event, outcomeDropped)
 		return
 	}
+	l := laneOf(a)
+	now := n.o.Now()
+	// The rate bound comes before the deduplication memory, so a flood of
+	// new scopes marks no more of them than the bound lets through.
+	ok, suppressed, first := n.limits[l].take(a.Event, now)
+	if !ok {
+		if first {
+			n.lg.Warn("alert: rate limit reached; further alerts of this event are counted, not sent, until the window ends",
+				"event", a.Event, "lane", laneNames[l], "limit", n.o.EventLimit, "window", n.o.Window.String())
+		}
+		n.count(a.Event, outcomeLimited)
+		return
+	}
 	if !n.local.first(a.Event, a.Scope, win) {
+		n.limits[l].giveBack(a.Event, suppressed)
 		n.count(a.Event, outcomeDeduplicated)
 		return
 	}
+	if suppressed > 0 {
+		if a.Details == nil {
+			a.Details = map[string]any{}
+		}
+		a.Details["suppressed"] = suppressed
+	}
 	select {
-	case n.queue <- queued{a: a, at: n.o.Now(), win: win}:
+	case n.queues[l] <- queued{a: a, at: now, win: win}:
 	default:
 		// Forget the mark so the next occurrence can still get through.
 		n.local.forget(a.Event, a.Scope)
+		n.limits[l].giveBack(a.Event, suppressed)
 		n.count(a.Event, outcomeDropped)
 	}
 }
 
-// Run delivers queued alerts until ctx ends or Close is called, then keeps
-// delivering what is still queued. From that moment everything, the
-// delivery in flight included, gets DrainTimeout; what is left then is
-// dropped and counted. Run returns nil after Close, ctx.Err() otherwise.
-// Call it once.
+// Run delivers queued alerts, one worker per lane, until ctx ends or Close
+// is called, then keeps delivering what is still queued. From that moment
+// everything, the deliveries in flight included, gets DrainTimeout; what is
+// left then is dropped and counted. Run returns nil after Close, ctx.Err()
+// otherwise. Call it once.
 func (n *Notifier) Run(ctx context.Context) error {
 	if !n.started.CompareAndSwap(false, true) {
 		return errors.New("alert: Run called twice")
@@ -277,17 +320,33 @@ func (n *Notifier) Run(ctx context.Context) error {
 		case <-wctx.Done():
 		}
 	}()
+	var wg sync.WaitGroup
+	for _, q := range n.queues {
+		wg.Go(func() { n.work(ctx, wctx, q) })
+	}
+	wg.Wait()
+	select {
+	case <-n.closing:
+		return nil
+	default:
+		return ctx.Err()
+	}
+}
+
+// work is one lane's worker: it delivers from q until Close or ctx, then
+// drains q.
+func (n *Notifier) work(ctx, wctx context.Context, q chan queued) {
 	for {
 		select {
-		case q := <-n.queue:
-			n.deliver(wctx, q)
+		case a := <-q:
+			n.deliver(wctx, a)
 		case <-n.closing:
-			n.drain(wctx)
-			return nil
+			n.drain(wctx, q)
+			return
 		case <-ctx.Done():
 			n.closed.Store(true)
-			n.drain(wctx)
-			return ctx.Err()
+			n.drain(wctx, q)
+			return
 		}
 	}
 }
@@ -307,10 +366,10 @@ func (n *Notifier) Close() {
 
 // drain delivers what is queued until the queue is empty; once ctx has
 // ended, the rest is dropped and counted.
-func (n *Notifier) drain(ctx context.Context) {
+func (n *Notifier) drain(ctx context.Context, queue chan queued) {
 	for {
 		select {
-		case q := <-n.queue:
+		case q := <-queue:
 			if ctx.Err() != nil {
 				n.count(q.a.Event, outcomeDropped)
 				continue
@@ -450,18 +509,6 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return max(t.Sub(now), 0)
 	}
 	return 0
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func (n *Notifier) count(event, outcome string) {

@@ -186,13 +186,7 @@ func (h *harness) outcome(event, outcome string) float64 {
 // is a real event (a worker finishing), not a timed guess.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	clocktest.Eventually(t, 10*time.Second, what, cond)
 }
 
 func TestPayloadAndSignature(t *testing.T) {
@@ -653,5 +647,122 @@ func TestMemorySweepsExpiredEntries(t *testing.T) {
 	m.mu.Unlock()
 	if n != 1 {
 		t.Errorf("memory holds %d entries after the sweep, want 1", n)
+	}
+}
+
+// TestEventLimitBoundsAFlood: a flood of one event with a new scope each
+// time (a tool_call_id that changes every request) sends EventLimit alerts
+// per window, counts the rest as limited, marks no more scopes than it sent,
+// and the first alert of the next window says how many were held back.
+func TestEventLimitBoundsAFlood(t *testing.T) {
+	rcv := newReceiver(t)
+	h := start(t, Options{URL: rcv.srv.URL, EventLimit: 5})
+	for i := range 40 {
+		h.n.Notify(Alert{Event: ToolCallLoop, Scope: fmt.Sprintf("tool_call:call_%d", i)})
+	}
+	for range 5 {
+		rcv.next(t)
+	}
+	eventually(t, "five sent", func() bool { return h.outcome(ToolCallLoop, "sent") == 5 })
+	if got := h.outcome(ToolCallLoop, "limited"); got != 35 {
+		t.Errorf("limited = %v, want 35", got)
+	}
+	h.n.local.mu.Lock()
+	marks := len(h.n.local.until)
+	h.n.local.mu.Unlock()
+	if marks != 5 {
+		t.Errorf("the deduplication memory holds %d scopes, want the 5 sent", marks)
+	}
+	var warned int
+	for _, m := range h.logs.messages() {
+		if strings.HasPrefix(m, "alert: rate limit reached") {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d rate-limit log lines, want 1 per event and window", warned)
+	}
+
+	h.clock.Advance(10*time.Minute + time.Second)
+	h.n.Notify(Alert{Event: ToolCallLoop, Scope: "tool_call:call_next"})
+	var got payload
+	if err := json.Unmarshal(rcv.next(t).body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Details["suppressed"] != float64(35) {
+		t.Errorf("the next window's first alert has details %v, want suppressed 35", got.Details)
+	}
+	// Another event has its own bound.
+	h.n.Notify(Alert{Event: Anomaly, Scope: "principal:v:abc"})
+	rcv.next(t)
+	rcv.none(t, h.n)
+}
+
+// TestTrafficFloodNeverDelaysOperatorAlert: with a receiver that hangs on
+// every tool_call_loop alert, and a queue full of them, a
+// policy_reload_failed still goes out at once, and is not dropped.
+func TestTrafficFloodNeverDelaysOperatorAlert(t *testing.T) {
+	release := make(chan struct{})
+	got := make(chan string, 64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var p payload
+		_ = json.Unmarshal(body, &p)
+		if p.Event == ToolCallLoop {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		got <- p.Event
+	}))
+	t.Cleanup(srv.Close)
+	h := start(t, Options{URL: srv.URL, QueueSize: 4, EventLimit: 100, Timeout: time.Minute, DrainTimeout: time.Millisecond})
+	defer close(release) // before start's cleanup closes the Notifier
+
+	for i := range 50 {
+		h.n.Notify(Alert{Event: ToolCallLoop, Scope: fmt.Sprintf("tool_call:call_%d", i)})
+	}
+	eventually(t, "the traffic queue to fill", func() bool { return h.outcome(ToolCallLoop, "dropped") > 0 })
+	h.n.Notify(Alert{Event: PolicyReloadFailed, Scope: "policy"})
+	h.n.Notify(Alert{Event: BudgetExhausted, Scope: "site"})
+	for _, want := range []string{PolicyReloadFailed, BudgetExhausted} {
+		select {
+		case ev := <-got:
+			if ev != want {
+				t.Errorf("received %s, want %s", ev, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s waited behind the hanging tool_call_loop alerts", want)
+		}
+	}
+	if d := h.outcome(PolicyReloadFailed, "dropped") + h.outcome(BudgetExhausted, "dropped"); d != 0 {
+		t.Errorf("%v operator alerts dropped", d)
+	}
+}
+
+func TestLanes(t *testing.T) {
+	tests := []struct {
+		a    Alert
+		want lane
+	}{
+		{Alert{Event: PolicyReloadFailed, Scope: "policy"}, laneOperator},
+		{Alert{Event: BreakerOpen, Scope: "model:primary"}, laneOperator},
+		{Alert{Event: BreakerClosed, Scope: "model:primary"}, laneOperator},
+		{Alert{Event: BudgetExhausted, Scope: "site"}, laneOperator},
+		{Alert{Event: BudgetExhausted, Scope: "spend"}, laneOperator},
+		{Alert{Event: BudgetWarning, Scope: "tier:partner/2026-08-31"}, laneOperator},
+		{Alert{Event: BudgetWarning, Scope: "principal:v:ab12ab12ab12/2026-08-31"}, laneTraffic},
+		{Alert{Event: BudgetExhausted, Scope: "task:t_1"}, laneTraffic},
+		{Alert{Event: ToolCallLoop, Scope: "tool_call:call_1"}, laneTraffic},
+		{Alert{Event: Anomaly, Scope: "principal:k:acme"}, laneTraffic},
+		{Alert{Event: Overage, Scope: "task:t_1"}, laneTraffic},
+		{Alert{Event: "made_up", Scope: "site"}, laneTraffic},
+	}
+	for _, tc := range tests {
+		if got := laneOf(clean(tc.a)); got != tc.want {
+			t.Errorf("%s %s: lane %s, want %s", tc.a.Event, tc.a.Scope, laneNames[got], laneNames[tc.want])
+		}
 	}
 }

@@ -30,6 +30,14 @@
 // clock passed in (Options.Now), not Redis TIME, so tests can move time on
 // any Redis.
 //
+// Provider numbers are hostile input: one call is charged at most
+// Options.MaxCallTokens, and a report below zero, past it or unreadable is
+// charged Conservative(reservation, faregate's own count) instead
+// (Charged). Every amount a script sees is bounded to 2^53 in Go first,
+// and the scripts refuse anything past it, so no counter wraps or loses
+// precision in Lua's doubles. SettleCall writes the call's ledger entry in
+// its own script, once, however often the script is re-sent.
+//
 // The package raises no alerts: results carry the first 80% crossing of a
 // daily budget (Warnings) and the first refusal of a scope in a day
 // (ExhaustedError.First), decided atomically in Redis so each happens once
@@ -41,8 +49,11 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -148,6 +159,16 @@ var DefaultLimits = Limits{Site: 200000, Principal: 40000, Task: 12000}
 // DefaultReservationTTL bounds how long an unsettled reservation holds tokens.
 const DefaultReservationTTL = 3 * time.Minute
 
+// DefaultMaxCallTokens is the most one call is ever charged, whatever the
+// provider reports (FAREGATE_LLM_MAX_CALL_TOKENS's default).
+const DefaultMaxCallTokens = 1_000_000
+
+// maxExact is the largest amount a script is ever handed: Lua numbers are
+// doubles, exact only up to 2^53. Go bounds every amount to it before a
+// script runs, and the scripts refuse anything past it, so no counter can
+// lose precision or wrap.
+const maxExact = 1<<53 - 1
+
 // dayKeyTTL keeps a day's keys for two days, so a task admitted just before
 // midnight can still settle after it, and a settled id is remembered as
 // long as a re-sent script could arrive.
@@ -167,6 +188,9 @@ type Options struct {
 	// ReservationTTL is how long a reservation may stay unsettled before it
 	// is given back; default DefaultReservationTTL.
 	ReservationTTL time.Duration
+	// MaxCallTokens is the ceiling of one call's charge
+	// (FAREGATE_LLM_MAX_CALL_TOKENS); default DefaultMaxCallTokens.
+	MaxCallTokens int64
 	// Now is the clock that decides expiry and RetryAfter; default time.Now.
 	Now func() time.Time
 	// Registerer receives the metrics; nil leaves them unregistered.
@@ -177,10 +201,13 @@ type Options struct {
 type Budget struct {
 	rdb    redis.Scripter
 	limits Limits
-	prices Prices
-	ttl    time.Duration
-	now    func() time.Time
-	m      *metrics
+	// prices is replaced whole by SetPrices (a policy reload); a map in
+	// it is never written after it was stored.
+	prices  atomic.Pointer[Prices]
+	ttl     time.Duration
+	maxCall int64
+	now     func() time.Time
+	m       *metrics
 }
 
 // New returns a Budget on rdb. redis.Scripter is the narrowest go-redis
@@ -204,8 +231,44 @@ func New(rdb redis.Scripter, o Options) *Budget {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Budget{rdb: rdb, limits: l, prices: o.Prices, ttl: o.ReservationTTL, now: o.Now,
+	if o.MaxCallTokens <= 0 || o.MaxCallTokens > maxExact {
+		o.MaxCallTokens = DefaultMaxCallTokens
+	}
+	b := &Budget{rdb: rdb, limits: l, ttl: o.ReservationTTL, maxCall: o.MaxCallTokens, now: o.Now,
 		m: newMetrics(o.Registerer, l.SpendMicro > 0)}
+	b.SetPrices(o.Prices)
+	return b
+}
+
+// SetPrices replaces the prices from the next Reserve, Settle or Cost on
+// (a policy reload). A reservation made before is settled at the new price:
+// the provider bills at the price of the moment it answers.
+func (b *Budget) SetPrices(ps Prices) {
+	ps = maps.Clone(ps)
+	b.prices.Store(&ps)
+}
+
+// price is model's price in force, if it has one.
+func (b *Budget) price(model string) (Price, bool) {
+	p, ok := (*b.prices.Load())[model]
+	return p, ok
+}
+
+// MaxCallTokens is the ceiling of one call's charge in force.
+func (b *Budget) MaxCallTokens() int64 { return b.maxCall }
+
+// Plausible reports whether a provider's report of prompt and completion
+// tokens can be charged as it stands: neither below zero, and together at
+// most the ceiling (summed without overflow).
+func (b *Budget) Plausible(prompt, completion int64) bool {
+	return prompt >= 0 && completion >= 0 && prompt <= b.maxCall && completion <= b.maxCall-prompt
+}
+
+// Conservative is what a call whose report cannot be believed is charged:
+// the larger of what was reserved and what faregate counted itself, never
+// above the ceiling.
+func (b *Budget) Conservative(reserved, counted int64) int64 {
+	return min(max(reserved, counted, 0), b.maxCall)
 }
 
 // Limits returns the limits in force, defaults applied.
@@ -216,7 +279,7 @@ func (b *Budget) Limits() Limits { return b.limits }
 // spend limit is set (such a call must not be made). The admission check
 // uses it to fill AffordRequest.CostMicro.
 func (b *Budget) Cost(model string, prompt, completion int64) (int64, error) {
-	p, ok := b.prices[model]
+	p, ok := b.price(model)
 	if !ok {
 		if b.limits.SpendMicro > 0 {
 			return 0, fmt.Errorf("%w: %q while a daily spend limit is set", ErrUnpriced, model)
@@ -269,8 +332,10 @@ type Reservation struct {
 	// PrincipalLimit and TierLimit are the limits the reservation was
 	// checked against; Settle uses them to spot an 80% crossing.
 	PrincipalLimit, TierLimit int64
-	// Tokens and CostMicro are what is held.
+	// Tokens and CostMicro are what is held; PromptTokens is the prompt
+	// part of Tokens (the estimate), which splits a conservative charge.
 	Tokens, CostMicro int64
+	PromptTokens      int64
 	// Warnings lists the daily scopes this reservation took past 80%
 	// first today (site, spend, tier, principal).
 	Warnings []ScopeEvent
@@ -284,6 +349,7 @@ type Reservation struct {
 type Settlement struct {
 	Tokens, CostMicro               int64
 	OverageTokens, OverageCostMicro int64
+
 	// Late is true when the reservation had expired or been released
 	// before this settle, which then charged everything as overage.
 	Late bool
@@ -317,7 +383,9 @@ func (b *Budget) Reserve(ctx context.Context, req Request) (Reservation, error) 
 	if req.ID != "" && !validID(req.ID) {
 		return Reservation{}, fmt.Errorf("%w: reservation id must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
 	}
-	if req.PromptTokens < 0 || req.MaxTokens < 0 || req.PromptTokens+req.MaxTokens <= 0 || len(req.Model) > 256 {
+	// Each part is bounded before they are added, so the sum cannot wrap.
+	if req.PromptTokens < 0 || req.MaxTokens < 0 || req.PromptTokens > maxExact/2 || req.MaxTokens > maxExact/2 ||
+		req.PromptTokens+req.MaxTokens <= 0 || len(req.Model) > 256 {
 		return Reservation{}, fmt.Errorf("%w: reserve %d prompt + %d max tokens of a %d-byte model name",
 			ErrInvalid, req.PromptTokens, req.MaxTokens, len(req.Model))
 	}
@@ -327,7 +395,7 @@ func (b *Budget) Reserve(ctx context.Context, req Request) (Reservation, error) 
 	}
 	r := Reservation{ID: req.ID, Day: req.Day, Principal: req.Principal, Tier: req.Tier, Task: req.Task, Model: req.Model,
 		PrincipalLimit: req.PrincipalLimit, TierLimit: max(req.TierLimit, 0),
-		Tokens: req.PromptTokens + req.MaxTokens, CostMicro: cost}
+		Tokens: req.PromptTokens + req.MaxTokens, PromptTokens: req.PromptTokens, CostMicro: min(cost, maxExact)}
 	if r.PrincipalLimit <= 0 {
 		r.PrincipalLimit = b.limits.Principal
 	}
@@ -361,34 +429,128 @@ func (b *Budget) Reserve(ctx context.Context, req Request) (Reservation, error) 
 
 // Settle ends reservation r with the usage the provider reported (or the
 // caller's estimate) and charges it in full in every scope, at r.Model's
-// price. What exceeds the hold is overage; if the hold was already given
-// back (expired, or released by ReleaseTask) everything is overage and
-// Late is set: a late settle charges what was used, never nothing.
-// Settling the same reservation again answers the first Settlement and
-// charges nothing. A reservation never made here (or altered) yields
-// ErrUnknownReservation.
+// price: SettleCall with nothing but the two numbers.
 func (b *Budget) Settle(ctx context.Context, r Reservation, prompt, completion int64) (Settlement, error) {
+	return b.SettleCall(ctx, r, Call{PromptTokens: prompt, CompletionTokens: completion})
+}
+
+// Call is what one model call used, for SettleCall.
+type Call struct {
+	// PromptTokens and CompletionTokens are the provider's report, or
+	// faregate's own count when the provider reported nothing.
+	PromptTokens, CompletionTokens int64
+	// Counted is faregate's own count of the call (its prompt estimate and
+	// the output it counted): the floor of a conservative charge.
+	Counted int64
+	// Unreadable says the provider's report, or its whole answer, could
+	// not be read as numbers at all; Raw is the report as it came (kept on
+	// the ledger entry, at most maxRaw bytes).
+	Unreadable bool
+	Raw        string
+	// Ledger, when set, is written in the same script as the settle, once
+	// however often the script is sent: its token, reserve, cost and
+	// overage fields are the settlement's (the caller's are ignored).
+	Ledger *Entry
+}
+
+// Charged is what SettleCall charges r for call, split into prompt and
+// completion tokens (what the task's usage and the ledger record), and
+// whether the report was implausible: below zero, past MaxCallTokens, or
+// unreadable. An implausible call is charged Conservative(r.Tokens,
+// call.Counted), its prompt part at most the reserved prompt; the caller
+// raises usage_implausible for it (the provider's doing, not the
+// visitor's).
+func (b *Budget) Charged(r Reservation, call Call) (prompt, completion int64, implausible bool) {
+	prompt, completion = call.PromptTokens, call.CompletionTokens
+	if !call.Unreadable && b.Plausible(prompt, completion) {
+		return prompt, completion, false
+	}
+	total := b.Conservative(r.Tokens, call.Counted)
+	prompt = min(max(r.PromptTokens, 0), total)
+	return prompt, total - prompt, true
+}
+
+// maxRaw bounds the raw report a ledger entry keeps.
+const maxRaw = 512
+
+// clipRaw cuts a raw report to maxRaw bytes, at a UTF-8 boundary.
+func clipRaw(s string) string {
+	if len(s) <= maxRaw {
+		return s
+	}
+	s = s[:maxRaw]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// settleAttempts is how often SettleCall sends its script when Redis does
+// not answer: the script is idempotent, so a re-send never charges twice,
+// and a settle that gets through gives the hold back now rather than when
+// the reservation expires.
+const settleAttempts = 3
+
+// SettleCall ends reservation r with what call used and charges it in full
+// in every scope, at r.Model's price. What exceeds the hold is overage; if
+// the hold was already given back (expired, or released by ReleaseTask)
+// everything is overage and Late is set: a late settle charges what was
+// used, never nothing. A report below zero, past MaxCallTokens or
+// unreadable is not charged as it stands: the call is charged
+// Conservative(r.Tokens, call.Counted) and Implausible is set. Settling the
+// same reservation again answers the first Settlement and charges (and
+// writes) nothing. A reservation never made here (or altered) yields
+// ErrUnknownReservation.
+func (b *Budget) SettleCall(ctx context.Context, r Reservation, call Call) (Settlement, error) {
 	if err := validate(r.Day, r.Principal, r.Tier, r.Task); err != nil {
 		return Settlement{}, err
 	}
-	if !validID(r.ID) || r.Tokens <= 0 || r.CostMicro < 0 || prompt < 0 || completion < 0 {
-		return Settlement{}, fmt.Errorf("%w: settle of reservation %q with %d prompt and %d completion tokens",
-			ErrInvalid, r.ID, prompt, completion)
+	if !validID(r.ID) || r.Tokens <= 0 || r.Tokens > maxExact || r.CostMicro < 0 || r.CostMicro > maxExact {
+		return Settlement{}, fmt.Errorf("%w: settle of reservation %q holding %d tokens", ErrInvalid, r.ID, r.Tokens)
 	}
+	prompt, completion, implausible := b.Charged(r, call)
 	// An unpriced model could only have been reserved with the spend cap
 	// off, so it costs nothing here either.
 	var cost int64
-	if p, ok := b.prices[r.Model]; ok {
-		cost = p.Cost(prompt, completion)
+	if p, ok := b.price(r.Model); ok {
+		cost = min(p.Cost(prompt, completion), maxExact)
 	}
 	plimit := r.PrincipalLimit
 	if plimit <= 0 {
 		plimit = b.limits.Principal
 	}
-	v, err := settleScript.Run(ctx, b.rdb, keysFor(r.Day, r.Principal, r.Tier, r.Task).scopeKeys(),
-		ms(b.now()), r.ID, prompt+completion, cost, info(r), dayKeyTTL,
-		b.limits.Site, b.limits.SpendMicro, max(r.TierLimit, 0), plimit, flag(r.Tier != ""),
-	).Int64Slice()
+	k := keysFor(r.Day, r.Principal, r.Tier, r.Task)
+	args := []any{ms(b.now()), r.ID, prompt + completion, cost, info(r), dayKeyTTL,
+		b.limits.Site, b.limits.SpendMicro, max(r.TierLimit, 0), plimit, flag(r.Tier != ""), 0}
+	if e := call.Ledger; e != nil {
+		// The raw report is kept only beside a charge that is not it.
+		raw := ""
+		if implausible {
+			raw = clipRaw(call.Raw)
+		}
+		args[11] = 1
+		args = append(args, ledgerMaxLen, int64(ledgerTTL/time.Second), prompt, completion, r.Tokens,
+			e.Task, e.Model, e.Principal, e.RequestID, max(e.LatencyMS, 0), e.Outcome, flag(e.Estimated),
+			raw, flag(implausible))
+	}
+	var v []int64
+	var err error
+	for attempt := range settleAttempts {
+		if attempt > 0 {
+			t := time.NewTimer(time.Duration(25<<(2*attempt)) * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return Settlement{}, fmt.Errorf("%w: settle: %w", ErrUnavailable, err)
+			case <-t.C:
+			}
+		}
+		v, err = settleScript.Run(ctx, b.rdb, append(k.scopeKeys(), UsageKey(r.Day)), args...).Int64Slice()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		b.m.settleRetries.Inc()
+	}
 	if err != nil {
 		return Settlement{}, fmt.Errorf("%w: settle: %w", ErrUnavailable, err)
 	}
@@ -402,6 +564,9 @@ func (b *Budget) Settle(ctx context.Context, r Reservation, prompt, completion i
 	s := Settlement{Tokens: v[1], CostMicro: v[2], OverageTokens: v[3], OverageCostMicro: v[4], Late: v[5] == 1}
 	r.PrincipalLimit = plimit
 	s.Warnings = b.warnings(v[9:13], v[13:17], r)
+	if implausible && v[0] == 1 {
+		b.m.implausible.Inc()
+	}
 	// Counted on every answer, repeats included: a repeat is most often a
 	// re-send whose first reply (and so its count) was lost.
 	b.m.overage(s.OverageTokens, s.OverageCostMicro, s.Late)

@@ -17,13 +17,16 @@ import (
 )
 
 // TestInvariantUnderConcurrency runs on a real Redis: 300 goroutines
-// reserve random calls of two models at different prices against a site
-// budget of 400000 tokens and 1200000 micro-units (and a tier share of 150000 tokens), then settle below the
+// reserve random calls of two models at different prices against two
+// budgets on separate keys (two days): one bound by tokens (a site budget
+// of 400000 tokens, and a tier share of 150000), one bound by money
+// (1200000 micro-units, tokens unbounded), so each cap is reached on its
+// own however the machine schedules the workers. They settle below the
 // hold, above it (overage), after ReleaseTask gave the hold back (late), or
-// abandon the reservation to expiry. A checker samples the site's token and
-// spend hashes in one MULTI/EXEC (so each sample is atomic) and asserts
-// settled + outstanding − overage ≤ limit in both. At the end every token
-// and micro-unit the settles reported is in Redis exactly once.
+// abandon the reservation to expiry. A checker samples both budgets' site
+// token and spend hashes in one MULTI/EXEC (so each sample is atomic) and
+// asserts settled + outstanding − overage ≤ limit in all four. At the end
+// every token and micro-unit the settles reported is in Redis exactly once.
 func TestInvariantUnderConcurrency(t *testing.T) {
 	be := redistest.Real(t)
 	rdb := be.Client
@@ -39,36 +42,42 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 	)
 	models := []string{"cheap", "dear"}
 	clk := newClock(start)
-	b := New(rdb, Options{
-		Limits: Limits{Site: siteLimit, Principal: 1 << 40, Task: 1 << 40, SpendMicro: spendLimit},
-		Prices: testPrices,
-		Now:    clk.Now,
-	})
+	// byTokens (index 0) and bySpend (1), each on its own day's keys.
+	days := [2]string{day, "2026-09-01"}
+	budgets := [2]*Budget{
+		New(rdb, Options{Limits: Limits{Site: siteLimit, Principal: 1 << 40, Task: 1 << 40}, Prices: testPrices, Now: clk.Now}),
+		New(rdb, Options{Limits: Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40, SpendMicro: spendLimit}, Prices: testPrices, Now: clk.Now}),
+	}
 
 	// What the settles reported, per principal: tokens, micro-units and
 	// their overage parts.
 	type sums struct{ tokens, cost, overTok, overCost atomic.Int64 }
+	// scoped counts per budget and scope.
+	type scoped struct {
+		b int
+		s Scope
+	}
 	var (
-		charged   [principals]sums
+		charged   [2][principals]sums
 		granted   atomic.Int64
-		refused   sync.Map // Scope → *atomic.Int64
+		refused   sync.Map // scoped → *atomic.Int64
 		abandoned atomic.Int64
 		late      atomic.Int64
 		excess    atomic.Int64
-		warned    sync.Map // Scope → *atomic.Int64
+		warned    sync.Map // scoped → *atomic.Int64
 		failures  = make(chan error, workers)
 	)
-	count := func(m *sync.Map, s Scope) {
-		v, _ := m.LoadOrStore(s, new(atomic.Int64))
+	count := func(m *sync.Map, b int, s Scope) {
+		v, _ := m.LoadOrStore(scoped{b, s}, new(atomic.Int64))
 		v.(*atomic.Int64).Add(1)
 	}
-	load := func(m *sync.Map, s Scope) int64 {
-		if v, ok := m.Load(s); ok {
+	load := func(m *sync.Map, b int, s Scope) int64 {
+		if v, ok := m.Load(scoped{b, s}); ok {
 			return v.(*atomic.Int64).Load()
 		}
 		return 0
 	}
-	k := keysFor(day, "", "", "")
+	ks := [2]keys{keysFor(days[0], "", "", ""), keysFor(days[1], "", "", "")}
 
 	// The checker samples until the workers are done. Violations are
 	// counted, not sent: a broken invariant shows in every later sample,
@@ -76,7 +85,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 	done := make(chan struct{})
 	type sample struct {
 		n, overTok, overSpend int64
-		maxTok, maxSpend      int64 // settled + outstanding − overage
+		maxTok, maxSpend      int64 // settled + outstanding − overage: tokens of byTokens, spend of bySpend
 		maxRawTok, maxRaw     int64 // settled + outstanding
 	}
 	checked := make(chan sample, 1)
@@ -89,10 +98,12 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 				return
 			default:
 			}
-			var site, spend *redis.SliceCmd
+			var hashes [4]*redis.SliceCmd
 			_, err := probe.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				site = p.HMGet(ctx, k.site, "settled", "outstanding", "overage")
-				spend = p.HMGet(ctx, k.spend, "settled", "outstanding", "overage")
+				for i, k := range ks {
+					hashes[2*i] = p.HMGet(ctx, k.site, "settled", "outstanding", "overage")
+					hashes[2*i+1] = p.HMGet(ctx, k.spend, "settled", "outstanding", "overage")
+				}
 				return nil
 			})
 			if err != nil {
@@ -100,16 +111,20 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 				checked <- s
 				return
 			}
-			tv, sv := site.Val(), spend.Val()
-			tok := field(tv[0]) + field(tv[1]) - field(tv[2])
-			sp := field(sv[0]) + field(sv[1]) - field(sv[2])
+			var net, raw [4]int64
+			for i, h := range hashes {
+				v := h.Val()
+				net[i], raw[i] = field(v[0])+field(v[1])-field(v[2]), field(v[0])+field(v[1])
+			}
 			s.n++
-			s.maxTok, s.maxSpend = max(s.maxTok, tok), max(s.maxSpend, sp)
-			s.maxRawTok, s.maxRaw = max(s.maxRawTok, field(tv[0])+field(tv[1])), max(s.maxRaw, field(sv[0])+field(sv[1]))
-			if tok > siteLimit {
+			s.maxTok, s.maxSpend = max(s.maxTok, net[0]), max(s.maxSpend, net[3])
+			s.maxRawTok, s.maxRaw = max(s.maxRawTok, raw[0]), max(s.maxRaw, raw[3])
+			// Each budget is bound by one cap, and the other is unbounded
+			// (spend off in byTokens, 2^40 tokens in bySpend).
+			if net[0] > siteLimit || net[2] > 1<<40 {
 				s.overTok++
 			}
-			if sp > spendLimit {
+			if net[3] > spendLimit {
 				s.overSpend++
 			}
 		}
@@ -120,9 +135,11 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 42))
-			pi := w % principals
-			req := Request{Day: day, Principal: "v_" + strconv.Itoa(pi), Task: "t_" + strconv.Itoa(w)}
-			if pi%2 == 1 {
+			bi := w % 2
+			b := budgets[bi]
+			pi := (w / 2) % principals
+			req := Request{Day: days[bi], Principal: "v_" + strconv.Itoa(pi), Task: "t_" + strconv.Itoa(w)}
+			if bi == 0 && pi%2 == 1 {
 				req.Tier, req.TierLimit = partner, tierLimit
 			}
 			for range rounds {
@@ -133,7 +150,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 				r, err := b.Reserve(ctx, req)
 				var ex *ExhaustedError
 				if errors.As(err, &ex) {
-					count(&refused, ex.Scope)
+					count(&refused, bi, ex.Scope)
 					continue
 				}
 				if err != nil {
@@ -142,7 +159,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 				}
 				granted.Add(1)
 				for _, e := range r.Warnings {
-					count(&warned, e.Scope)
+					count(&warned, bi, e.Scope)
 				}
 				prompt, completion := req.PromptTokens, rng.Int64N(req.MaxTokens+1)
 				switch n := rng.IntN(100); {
@@ -151,7 +168,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 					continue
 				case n < 13:
 					// The lease lapsed: the reaper gives the hold back first.
-					if _, err := b.ReleaseTask(ctx, day, req.Task); err != nil {
+					if _, err := b.ReleaseTask(ctx, req.Day, req.Task); err != nil {
 						failures <- err
 						return
 					}
@@ -174,9 +191,9 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 					excess.Add(1)
 				}
 				for _, e := range s.Warnings {
-					count(&warned, e.Scope)
+					count(&warned, bi, e.Scope)
 				}
-				c := &charged[pi]
+				c := &charged[bi][pi]
 				c.tokens.Add(s.Tokens)
 				c.cost.Add(s.CostMicro)
 				c.overTok.Add(s.OverageTokens)
@@ -203,53 +220,59 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 	// Past every reservation's expiry nothing is outstanding, and what was
 	// settled is exactly what the settles reported, overage included.
 	clk.Advance(DefaultReservationTTL + time.Second)
-	var tokens, cost, overTok, overCost int64
-	for pi := range principals {
-		rep, err := b.Usage(ctx, UsageQuery{Day: day, Principal: "v_" + strconv.Itoa(pi)})
+	var reps [2]UsageReport
+	for bi, b := range budgets {
+		var tokens, cost, overTok, overCost int64
+		for pi := range principals {
+			rep, err := b.Usage(ctx, UsageQuery{Day: days[bi], Principal: "v_" + strconv.Itoa(pi)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &charged[bi][pi]
+			if rep.Reservations != 0 || rep.Site.Outstanding != 0 || rep.Spend.Outstanding != 0 || rep.Principal.Outstanding != 0 {
+				t.Fatalf("budget %d after expiry: %+v", bi, rep)
+			}
+			if rep.Principal.Settled != c.tokens.Load() || rep.Principal.Overage != c.overTok.Load() {
+				t.Fatalf("budget %d principal v_%d settled %+v; settles reported %d tokens, %d overage", bi, pi, rep.Principal, c.tokens.Load(), c.overTok.Load())
+			}
+			tokens += c.tokens.Load()
+			cost += c.cost.Load()
+			overTok += c.overTok.Load()
+			overCost += c.overCost.Load()
+		}
+		rep, err := b.Usage(ctx, UsageQuery{Day: days[bi], Tier: partner, TierLimit: tierLimit})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := &charged[pi]
-		if rep.Reservations != 0 || rep.Site.Outstanding != 0 || rep.Spend.Outstanding != 0 || rep.Principal.Outstanding != 0 {
-			t.Fatalf("after expiry: %+v", rep)
+		if rep.Site.Settled != tokens || rep.Site.Overage != overTok || rep.Spend.Settled != cost || rep.Spend.Overage != overCost {
+			t.Fatalf("budget %d: site %+v spend %+v; settles reported %d tokens (%d over), %d micro-units (%d over)",
+				bi, rep.Site, rep.Spend, tokens, overTok, cost, overCost)
 		}
-		if rep.Principal.Settled != c.tokens.Load() || rep.Principal.Overage != c.overTok.Load() {
-			t.Fatalf("principal v_%d settled %+v; settles reported %d tokens, %d overage", pi, rep.Principal, c.tokens.Load(), c.overTok.Load())
-		}
-		tokens += c.tokens.Load()
-		cost += c.cost.Load()
-		overTok += c.overTok.Load()
-		overCost += c.overCost.Load()
+		reps[bi] = rep
 	}
-	rep, err := b.Usage(ctx, UsageQuery{Day: day, Tier: partner, TierLimit: tierLimit})
-	if err != nil {
-		t.Fatal(err)
+	if r := reps[0]; r.Site.Settled-r.Site.Overage > siteLimit || r.Tier.Settled-r.Tier.Overage > tierLimit {
+		t.Fatalf("final state breaks the token invariant: site %+v tier %+v", r.Site, r.Tier)
 	}
-	if rep.Site.Settled != tokens || rep.Site.Overage != overTok || rep.Spend.Settled != cost || rep.Spend.Overage != overCost {
-		t.Fatalf("site %+v spend %+v; settles reported %d tokens (%d over), %d micro-units (%d over)",
-			rep.Site, rep.Spend, tokens, overTok, cost, overCost)
+	if r := reps[1]; r.Spend.Settled-r.Spend.Overage > spendLimit {
+		t.Fatalf("final state breaks the spend invariant: spend %+v", r.Spend)
 	}
-	if rep.Site.Settled-rep.Site.Overage > siteLimit || rep.Spend.Settled-rep.Spend.Overage > spendLimit ||
-		rep.Tier.Settled-rep.Tier.Overage > tierLimit {
-		t.Fatalf("final state breaks the invariant: site %+v spend %+v tier %+v", rep.Site, rep.Spend, rep.Tier)
-	}
-	if load(&refused, ScopeSite) == 0 || load(&refused, ScopeSpend) == 0 || s.n < 100 || late.Load() == 0 || excess.Load() == 0 {
+	if load(&refused, 0, ScopeSite) == 0 || load(&refused, 1, ScopeSpend) == 0 || s.n < 100 || late.Load() == 0 || excess.Load() == 0 {
 		t.Fatalf("test did not exercise both caps: refusals site %d spend %d, %d samples, %d late, %d excess",
-			load(&refused, ScopeSite), load(&refused, ScopeSpend), s.n, late.Load(), excess.Load())
+			load(&refused, 0, ScopeSite), load(&refused, 1, ScopeSpend), s.n, late.Load(), excess.Load())
 	}
-	// Each daily scope's 80% crossing was reported exactly once.
-	for _, sc := range []Scope{ScopeSite, ScopeSpend, ScopeTier} {
-		if n := load(&warned, sc); n != 1 {
-			t.Errorf("%s crossed 80%% in %d reports; want exactly 1", sc, n)
+	// Each binding daily scope's 80% crossing was reported exactly once.
+	for _, sc := range []scoped{{0, ScopeSite}, {0, ScopeTier}, {1, ScopeSpend}} {
+		if n := load(&warned, sc.b, sc.s); n != 1 {
+			t.Errorf("budget %d: %s crossed 80%% in %d reports; want exactly 1", sc.b, sc.s, n)
 		}
 	}
-	t.Logf("%d workers x %d rounds in %v: %d granted; refused by site %d, spend %d, tier %d; %d abandoned, %d late, %d over the hold",
-		workers, rounds, elapsed.Round(time.Millisecond), granted.Load(), load(&refused, ScopeSite), load(&refused, ScopeSpend),
-		load(&refused, ScopeTier), abandoned.Load(), late.Load(), excess.Load())
+	t.Logf("%d workers x %d rounds in %v: %d granted; refused by site %d (tokens budget), spend %d (spend budget), tier %d; %d abandoned, %d late, %d over the hold",
+		workers, rounds, elapsed.Round(time.Millisecond), granted.Load(), load(&refused, 0, ScopeSite), load(&refused, 1, ScopeSpend),
+		load(&refused, 0, ScopeTier), abandoned.Load(), late.Load(), excess.Load())
 	t.Logf("checker: %d samples; max settled+outstanding−overage %d of %d tokens, %d of %d micro-units; "+
 		"max settled+outstanding %d tokens, %d micro-units",
 		s.n, s.maxTok, siteLimit, s.maxSpend, spendLimit, s.maxRawTok, s.maxRaw)
-	t.Logf("final: site %+v spend %+v tier %+v", rep.Site, rep.Spend, rep.Tier)
+	t.Logf("final: tokens budget site %+v tier %+v; spend budget spend %+v", reps[0].Site, reps[0].Tier, reps[1].Spend)
 }
 
 // field reads an HMGET value; a missing field is 0.

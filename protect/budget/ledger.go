@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,11 @@ type Entry struct {
 	// Estimated is true when the tokens were counted by faregate because
 	// the provider reported none (a cut stream, a failed call).
 	Estimated bool
+	// RawUsage is the provider's usage report as it came, when it was not
+	// charged as it stood (Implausible): below zero, past the ceiling or
+	// unreadable. The tokens fields are what was charged instead.
+	RawUsage    string
+	Implausible bool
 }
 
 // The groupings Totals offers.
@@ -97,42 +103,46 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) { l.tokens.Collect(ch) }
 // UsageKey is the stream of one UTC day.
 func UsageKey(day string) string { return "faregate:usage:{" + day + "}" }
 
-// Append records e in today's stream (XADD and EXPIRE in one pipeline).
-// The token counters move even when Redis fails: the tokens were spent
-// whether or not the ledger could note it.
-func (l *Ledger) Append(ctx context.Context, e Entry) error {
+// Count moves faregate_llm_tokens_total by e's tokens. Budget.SettleCall
+// writes the entry itself (in the settle's script, once); its caller
+// counts it here, whether or not Redis took it: the tokens were spent
+// either way.
+func (l *Ledger) Count(e Entry) {
 	source := "provider"
 	if e.Estimated {
 		source = "estimate"
 	}
 	l.tokens.WithLabelValues(e.Model, "prompt", source).Add(float64(max(e.PromptTokens, 0)))
 	l.tokens.WithLabelValues(e.Model, "completion", source).Add(float64(max(e.CompletionTokens, 0)))
+}
+
+// Append records e in today's stream (XADD and EXPIRE in one pipeline)
+// and counts it. It is not idempotent: a model call's entry is written by
+// Budget.SettleCall, which is; Append is for entries without a settle.
+func (l *Ledger) Append(ctx context.Context, e Entry) error {
+	l.Count(e)
 	key := UsageKey(Day(l.now()))
-	estimated := 0
-	if e.Estimated {
-		estimated = 1
+	estimated := flag(e.Estimated)
+	values := []any{
+		"task", e.Task,
+		"model", e.Model,
+		"principal", e.Principal,
+		"request_id", e.RequestID,
+		"prompt_tokens", e.PromptTokens,
+		"completion_tokens", e.CompletionTokens,
+		"reserved", e.Reserved,
+		"cost_micro", e.CostMicro,
+		"overage_tokens", e.OverageTokens,
+		"overage_cost_micro", e.OverageCostMicro,
+		"latency_ms", e.LatencyMS,
+		"outcome", e.Outcome,
+		"estimated", estimated,
+	}
+	if e.Implausible {
+		values = append(values, "usage_raw", e.RawUsage, "implausible", 1)
 	}
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAdd(ctx, &redis.XAddArgs{
-			Stream: key,
-			MaxLen: ledgerMaxLen,
-			Approx: true,
-			Values: []any{
-				"task", e.Task,
-				"model", e.Model,
-				"principal", e.Principal,
-				"request_id", e.RequestID,
-				"prompt_tokens", e.PromptTokens,
-				"completion_tokens", e.CompletionTokens,
-				"reserved", e.Reserved,
-				"cost_micro", e.CostMicro,
-				"overage_tokens", e.OverageTokens,
-				"overage_cost_micro", e.OverageCostMicro,
-				"latency_ms", e.LatencyMS,
-				"outcome", e.Outcome,
-				"estimated", estimated,
-			},
-		})
+		p.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: ledgerMaxLen, Approx: true, Values: values})
 		p.Expire(ctx, key, ledgerTTL)
 		return nil
 	})
@@ -210,7 +220,9 @@ func add(sums map[string]*Total, by string, m redis.XMessage) error {
 		if err != nil {
 			return err
 		}
-		v[i] = n
+		// Entries written before provider numbers were bounded may hold
+		// negatives; they charged nothing, and no total goes below zero.
+		v[i] = max(n, 0)
 	}
 	key := str(by)
 	t, ok := sums[key]
@@ -219,12 +231,12 @@ func add(sums map[string]*Total, by string, m redis.XMessage) error {
 		sums[key] = t
 	}
 	t.Calls++
-	t.PromptTokens += v[0]
-	t.CompletionTokens += v[1]
-	t.Reserved += v[2]
-	t.CostMicro += v[3]
-	t.OverageTokens += v[4]
-	t.OverageCostMicro += v[5]
+	t.PromptTokens = satAdd(t.PromptTokens, v[0])
+	t.CompletionTokens = satAdd(t.CompletionTokens, v[1])
+	t.Reserved = satAdd(t.Reserved, v[2])
+	t.CostMicro = satAdd(t.CostMicro, v[3])
+	t.OverageTokens = satAdd(t.OverageTokens, v[4])
+	t.OverageCostMicro = satAdd(t.OverageCostMicro, v[5])
 	if v[6] != 0 {
 		t.Estimated++
 	}
@@ -241,14 +253,23 @@ func sum(totals []Total) Total {
 		s.Calls += t.Calls
 		s.Errors += t.Errors
 		s.Estimated += t.Estimated
-		s.PromptTokens += t.PromptTokens
-		s.CompletionTokens += t.CompletionTokens
-		s.Reserved += t.Reserved
-		s.CostMicro += t.CostMicro
-		s.OverageTokens += t.OverageTokens
-		s.OverageCostMicro += t.OverageCostMicro
+		s.PromptTokens = satAdd(s.PromptTokens, t.PromptTokens)
+		s.CompletionTokens = satAdd(s.CompletionTokens, t.CompletionTokens)
+		s.Reserved = satAdd(s.Reserved, t.Reserved)
+		s.CostMicro = satAdd(s.CostMicro, t.CostMicro)
+		s.OverageTokens = satAdd(s.OverageTokens, t.OverageTokens)
+		s.OverageCostMicro = satAdd(s.OverageCostMicro, t.OverageCostMicro)
 	}
 	return s
+}
+
+// satAdd adds two non-negative amounts, stopping at math.MaxInt64 rather
+// than wrapping to a negative total.
+func satAdd(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // keyName shows an entry without a principal (written before principals
@@ -272,7 +293,7 @@ func WriteTable(w io.Writer, day, by string, totals []Total) error {
 	fmt.Fprintf(tw, "%s\tCALLS\tERRORS\tESTIMATED\tPROMPT\tCOMPLETION\tTOTAL\tRESERVED\tCOST\tOVERAGE\tOVERAGE_COST\n", strings.ToUpper(by))
 	row := func(key string, t Total) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\n", key, t.Calls, t.Errors, t.Estimated,
-			t.PromptTokens, t.CompletionTokens, t.PromptTokens+t.CompletionTokens, t.Reserved,
+			t.PromptTokens, t.CompletionTokens, satAdd(t.PromptTokens, t.CompletionTokens), t.Reserved,
 			FormatMicro(t.CostMicro), t.OverageTokens, FormatMicro(t.OverageCostMicro))
 	}
 	for _, t := range totals {
@@ -292,7 +313,7 @@ func WriteCSV(w io.Writer, day, by string, totals []Total) error {
 	i := func(n int64) string { return strconv.FormatInt(n, 10) }
 	for _, t := range totals {
 		_ = cw.Write([]string{day, t.Key, i(t.Calls), i(t.Errors), i(t.Estimated), i(t.PromptTokens), i(t.CompletionTokens),
-			i(t.PromptTokens + t.CompletionTokens), i(t.Reserved), FormatMicro(t.CostMicro), i(t.OverageTokens),
+			i(satAdd(t.PromptTokens, t.CompletionTokens)), i(t.Reserved), FormatMicro(t.CostMicro), i(t.OverageTokens),
 			FormatMicro(t.OverageCostMicro)})
 	}
 	cw.Flush()

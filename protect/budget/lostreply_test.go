@@ -14,8 +14,9 @@ import (
 )
 
 // TestLostReplyAppliedOnce: a reserve, settle or release whose reply is
-// lost and that the client re-sends moves the counters exactly once, on a
-// single node and on the cluster (whose client re-sends of its own accord).
+// lost and that the client re-sends moves the counters exactly once, and a
+// settle writes its ledger line once, on a single node and on the cluster
+// (whose client re-sends of its own accord).
 // Real Redis only: the loss happens on a real TCP connection.
 func TestLostReplyAppliedOnce(t *testing.T) {
 	type target struct {
@@ -106,7 +107,16 @@ func TestLostReplyAppliedOnce(t *testing.T) {
 			f.check(t, q, state{site: held, spend: su{0, 1250, 0}, tier: held, principal: held, task: held, n: 1})
 
 			var s Settlement
-			lose(func() (err error) { s, err = b.Settle(ctx, r, 100, 150); return err })
+			// The settle writes the call's ledger line in the same script:
+			// one line, however often the script arrived.
+			entry := &Entry{Task: taskOne, Model: "dear", Principal: keyA, Outcome: OutcomeOK}
+			lose(func() (err error) {
+				s, err = b.SettleCall(ctx, r, Call{PromptTokens: 100, CompletionTokens: 150, Ledger: entry})
+				return err
+			})
+			if n := plain.XLen(ctx, UsageKey(d)).Val(); n != 1 {
+				t.Fatalf("ledger after a lost settle reply: %d lines; want 1", n)
+			}
 			want := Settlement{Tokens: 250, CostMicro: 1750, OverageTokens: 50, OverageCostMicro: 500}
 			if !reflect.DeepEqual(s, want) {
 				t.Fatalf("settle after a lost reply = %+v; want %+v", s, want)

@@ -16,6 +16,8 @@ type metrics struct {
 	refusals       *prometheus.CounterVec
 	overageTokens  *prometheus.CounterVec
 	overageSpend   *prometheus.CounterVec
+	settleRetries  prometheus.Counter
+	implausible    prometheus.Counter
 }
 
 // Overage causes: the provider reported more than the hold (excess), or
@@ -47,8 +49,18 @@ func newMetrics(reg prometheus.Registerer, spend bool) *metrics {
 			Name: "faregate_budget_overage_spend_micro_total",
 			Help: "Money charged beyond its reservation, in micro-units of the prices' currency, by cause as for tokens.",
 		}, []string{"cause"}),
+		settleRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "faregate_budget_settle_retries_total",
+			Help: "Settle scripts sent again because Redis did not answer (the script is idempotent).",
+		}),
+		implausible: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "faregate_budget_implausible_usage_total",
+			Help: "Settles whose usage report was below zero, past FAREGATE_LLM_MAX_CALL_TOKENS or unreadable, and so charged conservatively.",
+		}),
 	}
 	m.siteRemaining = promreg.Register(reg, m.siteRemaining)
+	m.settleRetries = promreg.Register(reg, m.settleRetries)
+	m.implausible = promreg.Register(reg, m.implausible)
 	m.outstanding = promreg.Register(reg, m.outstanding)
 	m.refusals = promreg.Register(reg, m.refusals)
 	m.overageTokens = promreg.Register(reg, m.overageTokens)

@@ -17,6 +17,9 @@ import "github.com/redis/go-redis/v9"
 //	                      state R = given back (expired or released), S = settled;
 //	                      op:<id> → what one ReleaseTask round released
 //
+// The day's ledger stream, faregate:usage:{<day>} (see Ledger), carries
+// the same tag, so the settle script appends the call's entry itself.
+//
 // Keys of scopes named only inside resinfo (a reaped reservation's
 // principal, tier and task) are built by the scripts from the prefix of
 // KEYS[1] rather than declared; they share the {<day>} tag, so every script
@@ -139,6 +142,9 @@ local now, id, ttl, info = ARGV[1], ARGV[3], tonumber(ARGV[11]), ARGV[12]
 reap(now, ttl)
 local tag = 'r:' .. id
 local tok, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not tok or not cost or tok < 0 or cost < 0 or tok > 9007199254740991 or cost > 9007199254740991 then
+  return redis.error_reply('ERR budget: reserve amount out of range')
+end
 local amount = {tok, cost, tok, tok, tok}
 local limit = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
 local active = {true, true, ARGV[13] == '1', true, true}
@@ -180,16 +186,25 @@ for i = 6, 8 do redis.call('EXPIRE', KEYS[i], ttl) end
 return answer(1, 0, 0, 0)
 `)
 
-// settleScript: KEYS as reserveScript; ARGV now, id, tokens, cost, info,
-// ttl seconds, limits of site, spend, tier, principal, has-tier (1/0).
+// settleScript: KEYS as reserveScript, then the day's ledger stream
+// (same {<day>} tag); ARGV now, id, tokens, cost, info, ttl seconds,
+// limits of site, spend, tier, principal, has-tier (1/0), write-ledger
+// (1/0), then for the ledger: max length, ttl seconds, prompt, completion,
+// reserved, task, model, principal, request id, latency ms, outcome,
+// estimated (1/0), raw usage, implausible (1/0).
 // The stored info must equal the caller's, so a Reservation whose fields
 // were altered cannot move tokens between scopes.
+//
+// Amounts past 2^53 (where doubles stop being exact) or below zero are
+// refused before anything moves; Go never sends them.
 //
 // An open reservation: its hold leaves outstanding, the actual usage is
 // settled in full, and what exceeds the hold is added to overage. One
 // given back (expired or released) before the settle arrived: the actual
 // usage is settled and all of it is overage. One already settled: the
-// first settlement is answered again and nothing moves.
+// first settlement is answered again and nothing moves. The ledger entry
+// is added exactly when a settlement is first recorded, so a re-sent
+// script (lost reply) never writes a second line.
 //
 // Returns {status, tokens, cost, overage tokens, overage cost, late, site
 // used, spend used, reservations, 4 warning flags, 4 used}; status 1
@@ -199,6 +214,9 @@ local now, id, info, ttl = ARGV[1], ARGV[2], ARGV[5], tonumber(ARGV[6])
 reap(now, ttl)
 local tag = 's:' .. id
 local at, ac = tonumber(ARGV[3]), tonumber(ARGV[4])
+if not at or not ac or at < 0 or ac < 0 or at > 9007199254740991 or ac > 9007199254740991 then
+  return redis.error_reply('ERR budget: settle amount out of range')
+end
 local actual = {at, ac, at, at, at}
 local limit = {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
 local active = {true, true, ARGV[11] == '1', true, true}
@@ -209,6 +227,15 @@ end
 local function record(ot, oc, late)
   redis.call('HSET', KEYS[9], id, 'S|' .. int(at) .. '|' .. int(ac) .. '|' .. int(ot) .. '|' .. int(oc) .. '|' .. late .. '|' .. info)
   redis.call('EXPIRE', KEYS[9], ttl)
+  if ARGV[12] == '1' then
+    redis.call('XADD', KEYS[10], 'MAXLEN', '~', ARGV[13], '*',
+      'task', ARGV[18], 'model', ARGV[19], 'principal', ARGV[20], 'request_id', ARGV[21],
+      'prompt_tokens', ARGV[15], 'completion_tokens', ARGV[16], 'reserved', ARGV[17],
+      'cost_micro', int(ac), 'overage_tokens', int(ot), 'overage_cost_micro', int(oc),
+      'latency_ms', ARGV[22], 'outcome', ARGV[23], 'estimated', ARGV[24],
+      'usage_raw', ARGV[25], 'implausible', ARGV[26], 'reservation', id)
+    redis.call('EXPIRE', KEYS[10], ARGV[14])
+  end
 end
 local open = redis.call('HGET', KEYS[8], id)
 if open then

@@ -1,6 +1,7 @@
 // Package clocktest provides a settable clock for tests of code that takes
 // a Now func: safe to read from many goroutines, and shareable by every
-// replica a test starts so they agree on the day and the window.
+// replica a test starts so they agree on the day and the window. It also
+// holds the tests' one wait on clocks they cannot fake (Poll, Eventually).
 package clocktest
 
 import (

@@ -31,3 +31,21 @@ func TestClock(t *testing.T) {
 		t.Fatalf("Set: %v", c.Now())
 	}
 }
+
+func TestPoll(t *testing.T) {
+	n := 0
+	if !Poll(time.Minute, func() bool { n++; return n == 3 }) || n != 3 {
+		t.Fatalf("Poll stopped after %d looks, want 3 and true", n)
+	}
+	// A condition that never holds: false after the timeout, with a last look at the deadline.
+	start, looks := time.Now(), 0
+	if Poll(30*time.Millisecond, func() bool { looks++; return false }) {
+		t.Fatal("Poll reported a condition that never held")
+	}
+	if el := time.Since(start); el < 30*time.Millisecond || looks < 2 {
+		t.Fatalf("Poll gave up after %v and %d looks, want at least the timeout and two", el, looks)
+	}
+	if d := Eventually(t, time.Minute, "at once", func() bool { return true }); d > time.Minute {
+		t.Fatalf("Eventually took %v", d)
+	}
+}

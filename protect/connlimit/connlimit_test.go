@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"faregate/protect/clocktest"
 )
 
 // serve starts an HTTP server on a wrapped listener whose handler answers
@@ -95,14 +97,11 @@ func TestReleaseOnClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for l.Open() != 1 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond) // waiting for the server's Accept, an event outside the test
-	}
+	// The server's Accept and its reading of the close are events outside
+	// the test: poll for them.
+	clocktest.Poll(5*time.Second, func() bool { return l.Open() == 1 })
 	_ = c.Close()
-	for l.Open() != 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	clocktest.Poll(5*time.Second, func() bool { return l.Open() == 0 })
 	if l.Open() != 0 {
 		t.Fatalf("open = %d after the client closed, want 0", l.Open())
 	}

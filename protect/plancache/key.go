@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+
+	"faregate/protect/canon"
 )
 
 // DefaultLanguage is the answer language of a request that names none; every
@@ -25,7 +27,11 @@ const keyPrefix = "faregate:plan:"
 // normalisation rules change gives every request a new key, so plans stored
 // under the old rules are never served for a request they no longer match;
 // they simply expire.
-const canonicalVersion = 1
+// Version 2: format and control characters are no longer dropped (a text
+// holding them is not cacheable at all, see Cache.Put), so a plan stored
+// under version 1 for a plain "lisbon" may have been written for a request
+// that carried hidden instructions; none of them is served again.
+const canonicalVersion = 2
 
 // Request is what a plan is cached for: the parts of a task request that
 // shape the answer. It deliberately has no field for the visitor or the
@@ -62,10 +68,12 @@ type canonical struct {
 // faregate:plan:{<sha256 hex of the canonical form>}. Requests that differ
 // only in letter case, accents on Latin or Greek letters (ß, ł, ø and the
 // like included), Unicode compatibility forms (full-width letters,
-// ligatures), invisible format and control characters, surrounding or
-// repeated whitespace, the case of the language tag, or in the order and
-// repetition of their interests share a key (blank interests are ignored);
-// any other difference gives a different key.
+// ligatures), surrounding or repeated whitespace, the case of the language
+// tag, or in the order and repetition of their interests share a key (blank
+// interests are ignored); any other difference gives a different key. In
+// particular an invisible format or control character is part of the text
+// and changes the key: the model reads it, so a plan written for it is not
+// a plan for the text without it (and Put and Get refuse such text anyway).
 func Key(req Request) string {
 	sum := sha256.Sum256(canonicalJSON(req))
 	return keyPrefix + "{" + hex.EncodeToString(sum[:]) + "}"
@@ -102,9 +110,11 @@ func canonicalize(req Request) canonical {
 }
 
 // normalizeText folds the ways a visitor may write the same words into one
-// spelling:
+// spelling. It is a coarsening of canon.Fold (NFKC, case-folded): two texts
+// canon.Fold makes equal always share a key (FuzzNormalizeText).
 //
-//  1. bytes that are not UTF-8 become U+FFFD, so what follows sees text;
+//  1. canon.Fold: bytes that are not UTF-8 become U+FFFD, so what follows
+//     sees text; NFKC and case folding;
 //  2. NFKD splits accented letters into letter and combining marks and
 //     writes compatibility forms plainly ("ＺＵＲＩＣＨ" → "ZURICH",
 //     "ﬁ" → "fi", a no-break space → a space);
@@ -118,9 +128,10 @@ func canonicalize(req Request) canonical {
 //     letters whose mark is part of the glyph rather than a combining mark,
 //     or that full case folding expands, are spelled plainly (ß, ł, đ, ø,
 //     ħ, ı, æ, œ; see plainLatin);
-//  5. format characters (zero-width spaces, soft hyphens, joiners) and
-//     other control characters are dropped, as Unicode's NFKC_Casefold
-//     drops default-ignorable code points;
+//  5. format characters (zero-width spaces, soft hyphens, joiners, tags)
+//     and control characters are kept as they are: the model reads them,
+//     and a key must come from the text the model saw (canon.Check refuses
+//     them in requests, and the Cache refuses to store or serve them);
 //  6. whitespace of any kind is trimmed and collapsed to one space;
 //  7. NFC, so what stays decomposed in step 2 (Hangul, kana with dakuten)
 //     is written in its composed form again.
@@ -128,15 +139,11 @@ func canonicalize(req Request) canonical {
 // Han characters pass through unchanged: "北京" stays "北京". The result is
 // a fixed point: normalizing it again changes nothing (FuzzNormalizeText).
 //
-// Case folding is per rune with the standard library's tables rather than
-// golang.org/x/text/cases: its Fold maps Cherokee capitals to small letters
-// and small letters to capitals, so folding "Ꮴ" twice gives "Ꮴ" again and
-// the two spellings would never share a key. lower(upper(r)) picks one
-// member of every case pair; the full folding's expansions that matter here
-// (ligatures, "ŉ", "ǰ") are already done by NFKD, and ß is in plainLatin.
+// Case folding is canon.Fold's (per rune, lower(upper(r)): see there why
+// not golang.org/x/text/cases), applied again after NFKD for the letters
+// that decomposition exposes.
 func normalizeText(s string) string {
-	s = strings.ToValidUTF8(s, string(utf8.RuneError))
-	s = norm.NFKD.String(s)
+	s = norm.NFKD.String(canon.Fold(s))
 
 	var b strings.Builder
 	b.Grow(len(s))
@@ -154,10 +161,6 @@ func normalizeText(s string) string {
 			continue
 		case unicode.IsSpace(r):
 			b.WriteByte(' ')
-		case unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Cc, r):
-			// Dropped without ending the base: a soft hyphen between a
-			// letter and its accent must not save the accent.
-			continue
 		default:
 			r = unicode.ToLower(unicode.ToUpper(r))
 			if plain, ok := plainLatin[r]; ok {

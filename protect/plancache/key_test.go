@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/text/unicode/norm"
+
+	"faregate/protect/canon"
 )
 
 func TestKeyFormat(t *testing.T) {
@@ -35,8 +37,11 @@ func TestNormalizeText(t *testing.T) {
 		{"capital sharp s", "GIEẞEN", "giessen"},
 		{"ligature", "ﬁrenze", "firenze"},
 		{"no-break space", "New\u00a0York", "new york"},
-		{"zero-width space and soft hyphen", "Zü\u200bri\u00adch", "zurich"},
-		{"control characters", "Zur\x00ich\x7f", "zurich"},
+		// Invisible characters are part of the text the model reads: kept,
+		// so they never share a plain text's key.
+		{"zero-width space and soft hyphen kept", "Zü\u200bri\u00adch", "zu\u200bri\u00adch"},
+		{"tag characters kept", "Lisbon\U000E0020\U000E0069", "lisbon\U000E0020\U000E0069"},
+		{"control characters kept", "Zur\x00ich\x7f", "zur\x00ich\x7f"},
 		{"greek tonos and capitals", "ΑΘΉΝΑ", "αθηνα"},
 		{"han unchanged", " 北京 ", "北京"},
 		{"kana keeps its dakuten", "がっこう", "がっこう"},
@@ -123,6 +128,11 @@ func TestKeyDiffers(t *testing.T) {
 		{"another interest", Request{Destination: "Zürich", Days: 3, Interests: []string{"food", "hiking"}, Language: "en"}},
 		{"language", Request{Destination: "Zürich", Days: 3, Interests: []string{"food", "museums"}, Language: "zh-CN"}},
 		{"words joined", Request{Destination: "Zu rich", Days: 3, Interests: []string{"food", "museums"}, Language: "en"}},
+		// #19 item 7: hidden instructions in tag characters, and an interest
+		// made only of them, are not the plain request.
+		{"tag characters", Request{Destination: "Zürich\U000E0020\U000E0062\U000E0065", Days: 3, Interests: []string{"food", "museums"}, Language: "en"}},
+		{"an interest of tag characters", Request{Destination: "Zürich", Days: 3, Interests: []string{"food", "museums", "\U000E0061\U000E0062"}, Language: "en"}},
+		{"zero-width space", Request{Destination: "Zü\u200brich", Days: 3, Interests: []string{"food", "museums"}, Language: "en"}},
 	}
 	want := Key(base)
 	for _, tt := range tests {
@@ -205,6 +215,10 @@ func FuzzNormalizeText(f *testing.F) {
 		n := normalizeText(s)
 		if again := normalizeText(n); again != n {
 			t.Fatalf("normalizeText(%q) = %q, but normalizeText(%q) = %q", s, n, n, again)
+		}
+		// A coarsening of canon.Fold: the folded text shares the key.
+		if f := normalizeText(canon.Fold(s)); f != n {
+			t.Fatalf("normalizeText(%q) = %q, but of its canon.Fold %q", s, n, f)
 		}
 		req := Request{Destination: s, Days: 2, Interests: []string{s, "x"}, Language: s}
 		var back canonical

@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"faregate/protect/canon"
 )
 
 var (
@@ -31,8 +33,9 @@ var (
 	// never admit.
 	ErrUnavailable = errors.New("plancache: unavailable")
 	// ErrNotCacheable reports a plan Put will not store: it has warnings, it
-	// was itself served from the cache, its result is not a JSON object, or
-	// its entry would exceed MaxEntryBytes.
+	// was itself served from the cache, its result is not a JSON object, its
+	// entry would exceed MaxEntryBytes, or its request's text is not in the
+	// canonical form the API gives the model (see CheckRequest).
 	ErrNotCacheable = errors.New("plancache: plan not cacheable")
 )
 
@@ -114,6 +117,12 @@ func New(rdb redis.StringCmdable, o Options) *Cache {
 // Get returns the plan cached for req. ok is false on a miss. A Redis
 // failure or an unreadable entry is ErrUnavailable, never a hit.
 func (c *Cache) Get(ctx context.Context, req Request) (plan Plan, ok bool, err error) {
+	if CheckRequest(req) != nil {
+		// No plan is ever stored for such text, and none may be served
+		// for it under the key of a text it folds to.
+		c.count(opGet, outcomeMiss)
+		return Plan{}, false, nil
+	}
 	raw, err := c.rdb.Get(ctx, Key(req)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		c.count(opGet, outcomeMiss)
@@ -146,6 +155,10 @@ func (c *Cache) Get(ctx context.Context, req Request) (plan Plan, ok bool, err e
 // refused with ErrNotCacheable and nothing is written. A Redis failure is
 // ErrUnavailable.
 func (c *Cache) Put(ctx context.Context, req Request, plan Plan) error {
+	if err := CheckRequest(req); err != nil {
+		c.count(opPut, outcomeSkipped)
+		return err
+	}
 	val, err := c.encode(plan)
 	if err != nil {
 		c.count(opPut, outcomeSkipped)
@@ -156,6 +169,34 @@ func (c *Cache) Put(ctx context.Context, req Request, plan Plan) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	c.count(opPut, outcomeOK)
+	return nil
+}
+
+// CheckRequest reports, as ErrNotCacheable, a request whose text a plan may
+// not be cached or served for: text that canon.Check refuses (format or
+// control characters, which the key keeps but no request may carry), or
+// text that is not in NFKC, the form the API gives the model. A plan is
+// cached only under a key derived from exactly the text the model saw; the
+// key's own folding (case, accents, whitespace, order) then decides which
+// other requests it answers.
+func CheckRequest(req Request) error {
+	check := func(field, s string) error {
+		if err := canon.Check(field, s); err != nil {
+			return fmt.Errorf("%w: %w", ErrNotCacheable, err)
+		}
+		if canon.NFKC(s) != s {
+			return fmt.Errorf("%w: %s is not in NFKC", ErrNotCacheable, field)
+		}
+		return nil
+	}
+	if err := check("destination", req.Destination); err != nil {
+		return err
+	}
+	for _, in := range req.Interests {
+		if err := check("interests", in); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -149,6 +149,45 @@ func TestPutRefuses(t *testing.T) {
 	}
 }
 
+// TestRefusesNonCanonicalText (#19 item 7): a request whose text holds
+// format or control characters, or is not in the NFKC form the model is
+// given, is neither stored nor served, whatever its key folds to; the
+// plain request keeps its own plan.
+func TestRefusesNonCanonicalText(t *testing.T) {
+	ctx := context.Background()
+	b := redistest.Mini(t)
+	c := plancache.New(b.Client, plancache.Options{})
+	plain := plancache.Request{Destination: "Lisbon", Days: 2}
+	if err := c.Put(ctx, plain, plancache.Plan{Result: json.RawMessage(result)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []plancache.Request{
+		{Destination: "Lisbon\U000E0020\U000E0062\U000E0065", Days: 2},
+		{Destination: "Lisbon", Days: 2, Interests: []string{"\U000E0061\U000E0062"}},
+		{Destination: "Lis\u200bbon", Days: 2},
+		{Destination: "Lis\u00adbon", Days: 2},
+		{Destination: "Lisbon\x00", Days: 2},
+		{Destination: "Lisbon", Days: 2, Interests: []string{"\xff"}},
+		{Destination: "ＬＩＳＢＯＮ", Days: 2}, // the model is given NFKC, never this
+	} {
+		if err := c.Put(ctx, req, plancache.Plan{Result: json.RawMessage(result)}); !errors.Is(err, plancache.ErrNotCacheable) {
+			t.Errorf("Put(%#v) = %v, want ErrNotCacheable", req, err)
+		}
+		if _, ok, err := c.Get(ctx, req); ok || err != nil {
+			t.Errorf("Get(%#v): ok=%v err=%v, want a miss", req, ok, err)
+		}
+		if err := plancache.CheckRequest(req); !errors.Is(err, plancache.ErrNotCacheable) {
+			t.Errorf("CheckRequest(%#v) = %v", req, err)
+		}
+	}
+	if keys := b.Client.Keys(ctx, "*").Val(); len(keys) != 1 || keys[0] != plancache.Key(plain) {
+		t.Fatalf("keys %v, want only the plain request's", keys)
+	}
+	if _, ok, err := c.Get(ctx, plancache.Request{Destination: "LISBON", Days: 2}); !ok || err != nil {
+		t.Fatalf("LISBON: ok=%v err=%v, want the plain plan (the key folds case)", ok, err)
+	}
+}
+
 // TestSizeBound fills an entry to exactly MaxEntryBytes, which is stored,
 // and one byte more, which is refused.
 func TestSizeBound(t *testing.T) {

@@ -56,9 +56,11 @@
 //
 // Rules. rules.prompt is a list of {name, pattern}: names [a-z0-9_-]{1,64},
 // unique and different from the built-in names; patterns are Go (RE2)
-// regular expressions, matched as written (add (?i) for case-insensitive),
-// at most 4096 bytes, and must not match empty text (they would refuse
-// every request). They apply in addition to the built-in rules unless
+// regular expressions, matched against each field's text and all of them
+// joined by line breaks, in NFKC and in NFKC case-folded (so "bitcoin"
+// matches "BitCoin" and "ＢＩＴＣＯＩＮ"; see Policy.CheckPrompt), at most
+// 4096 bytes, and must not match empty text (they would refuse every
+// request). They apply in addition to the built-in rules unless
 // rules.builtin is false.
 //
 // Models. models.<name> gives input and output prices per million tokens

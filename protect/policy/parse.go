@@ -45,25 +45,42 @@ func (p Problem) String() string {
 	return b.String()
 }
 
-// ValidationError lists every problem found in one policy file, in line
-// order. It unwraps to ErrInvalidPolicy.
+// MaxReported is how many problems a ValidationError keeps: the first
+// ones by line. A file can hold any number of problems (a generated one
+// with 200,000 bad keys made a 16 MB log line and alert); the operator
+// fixes the first few, and the count says how far there is to go.
+const MaxReported = 20
+
+// ValidationError lists the first problems found in one policy file (at
+// most MaxReported, in line order) and how many there were in all. It
+// unwraps to ErrInvalidPolicy.
 type ValidationError struct {
 	Source   string
 	Problems []Problem
+	// Total counts every problem found, kept or not.
+	Total int
 }
 
-// Error puts every problem on one line, so that a failed reload logs
-// exactly one line.
+// Error puts the problems kept and the count of the rest on one line, so
+// that a failed reload logs exactly one line of bounded length.
 func (e *ValidationError) Error() string {
-	parts := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		parts[i] = p.String()
-	}
+	total := max(e.Total, len(e.Problems))
+	var b strings.Builder
 	noun := "problems"
-	if len(parts) == 1 {
+	if total == 1 {
 		noun = "problem"
 	}
-	return fmt.Sprintf("policy: %s: %d %s: %s", e.Source, len(parts), noun, strings.Join(parts, "; "))
+	fmt.Fprintf(&b, "policy: %s: %d %s: ", e.Source, total, noun)
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(p.String())
+	}
+	if more := total - len(e.Problems); more > 0 {
+		fmt.Fprintf(&b, "; and %d more", more)
+	}
+	return b.String()
 }
 
 // Unwrap makes every ValidationError an ErrInvalidPolicy.
@@ -117,17 +134,39 @@ func Parse(data []byte, source string, defaults Tier) (*Policy, error) {
 		ps.rules(p, sections[2])
 		ps.models(p, sections[3])
 	}
-	if len(ps.problems) > 0 {
-		slices.SortStableFunc(ps.problems, func(a, b Problem) int { return cmp.Compare(a.Line, b.Line) })
-		return nil, &ValidationError{Source: source, Problems: ps.problems}
+	if ps.total > 0 {
+		return nil, &ValidationError{Source: source, Problems: ps.problems, Total: ps.total}
 	}
 	return p, nil
 }
 
 // parser collects problems instead of stopping at the first, so that an
-// operator fixes a file in one round.
+// operator fixes a file in one round. It keeps the first MaxReported by
+// line (sections are checked one after the other, not in file order) and
+// counts the rest without formatting them.
 type parser struct {
-	problems []Problem
+	problems []Problem // sorted by line, stable; at most MaxReported
+	total    int
+}
+
+// keeps reports whether a problem on line would be kept (the count
+// includes it either way).
+func (ps *parser) keeps(line int) bool {
+	return len(ps.problems) < MaxReported || line < ps.problems[len(ps.problems)-1].Line
+}
+
+// add counts p and keeps it if it is among the first by line.
+func (ps *parser) add(p Problem) {
+	ps.total++
+	if !ps.keeps(p.Line) {
+		return
+	}
+	// After every kept problem of the same line or before: stable.
+	i, _ := slices.BinarySearchFunc(ps.problems, p.Line+1, func(q Problem, line int) int { return cmp.Compare(q.Line, line) })
+	ps.problems = slices.Insert(ps.problems, i, p)
+	if len(ps.problems) > MaxReported {
+		ps.problems = ps.problems[:MaxReported]
+	}
 }
 
 func (ps *parser) bad(n *yaml.Node, path, format string, args ...any) {
@@ -135,7 +174,11 @@ func (ps *parser) bad(n *yaml.Node, path, format string, args ...any) {
 	if n != nil {
 		line = n.Line
 	}
-	ps.problems = append(ps.problems, Problem{Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+	if !ps.keeps(line) {
+		ps.total++ // not kept: not worth its message
+		return
+	}
+	ps.add(Problem{Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
 // document returns the file's root mapping, or nil after recording why
@@ -175,10 +218,10 @@ func (ps *parser) document(data []byte) *yaml.Node {
 func (ps *parser) syntax(err error) {
 	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		ps.problems = append(ps.problems, Problem{Line: line, Msg: "YAML: " + m[2]})
+		ps.add(Problem{Line: line, Msg: "YAML: " + m[2]})
 		return
 	}
-	ps.problems = append(ps.problems, Problem{Msg: "YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")})
+	ps.add(Problem{Msg: "YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")})
 }
 
 // deref follows YAML aliases (*name) to the node they stand for.

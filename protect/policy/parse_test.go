@@ -2,9 +2,11 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -398,5 +400,47 @@ func TestExampleFile(t *testing.T) {
 	}
 	if tier, _ := p.Tier("partner"); tier.MaxSiteShare != 0.5 {
 		t.Errorf("partner = %+v", tier)
+	}
+}
+
+// TestParseManyProblems (#19 item 18): a file with 200,000 problems is
+// reported as its first few problems and a count, on one short line (the
+// same text goes into a log line and an alert), without holding every
+// problem's message in memory.
+func TestParseManyProblems(t *testing.T) {
+	const n = 200_000
+	var b strings.Builder
+	b.WriteString("tiers:\n  partner: {tasks_per_day: 5, tokens_per_day: 40000, requests_per_minute: 60}\nkeys:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - {id: k%d, sha256: nothex, tier: partner}\n", i)
+	}
+	file := []byte(b.String())
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := Parse(file, "big.yaml", envDefaults)
+	runtime.ReadMemStats(&after)
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("Parse: %v, want a *ValidationError", err)
+	}
+	msg := err.Error()
+	t.Logf("%d-byte file: error of %d bytes, %.1f MB allocated by Parse", len(file), len(msg), float64(after.TotalAlloc-before.TotalAlloc)/1e6)
+	if len(msg) > 4096 {
+		t.Fatalf("the error is %d bytes, want at most 4096 (the first few problems and a count)", len(msg))
+	}
+	if ve.Total != n || len(ve.Problems) != MaxReported {
+		t.Fatalf("Total %d with %d problems kept, want %d with %d: %s", ve.Total, len(ve.Problems), n, MaxReported, msg)
+	}
+	for _, w := range []string{"big.yaml: 200000 problems", "line 4: keys[k0].sha256: must be 64 hex characters",
+		fmt.Sprintf("and %d more", n-MaxReported)} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error lacks %q: %s", w, msg)
+		}
+	}
+	for i, p := range ve.Problems {
+		if p.Line != 4+i {
+			t.Fatalf("problem %d is on line %d, want the first problems in line order: %v", i, p.Line, ve.Problems)
+		}
 	}
 }

@@ -2,14 +2,20 @@ package policy
 
 import (
 	"regexp"
+	"strings"
 	"unicode"
+
+	"faregate/protect/canon"
 )
 
 // rule is one named prompt rule: a compiled pattern or, where RE2 cannot
-// say it (it has no backreferences), a function.
+// say it (it has no backreferences), a function. builtin rules match the
+// canon.Skeleton of the text, a file's rules its NFKC form and its
+// canon.Fold (see CheckPrompt).
 type rule struct {
-	name  string
-	match func(string) bool
+	name    string
+	match   func(string) bool
+	builtin bool
 }
 
 // The built-in rule names; a file's rules cannot take them.
@@ -26,8 +32,10 @@ const (
 const charRunLimit = 24
 
 // instructionOverride catches attempts to make the model drop its own
-// instructions, in English and Chinese (simplified and traditional).
-var instructionOverride = regexp.MustCompile(`(?i)` +
+// instructions, in English and Chinese (simplified and traditional). The
+// built-in patterns have no (?i): they match canon.Skeleton, which is
+// lower case already, and RE2 runs faster without case folding.
+var instructionOverride = regexp.MustCompile(`` +
 	// "ignore (all of) (the) previous instructions", "disregard your prior rules"
 	`\b(?:ignore|disregard|forget|override|bypass)(?:\s+(?:all|any|every|of|the|your|my|these|those|previous|prior|earlier|preceding))*` +
 	`\s+(?:previous|prior|above|earlier|preceding|former|system|original)\s+` +
@@ -47,7 +55,7 @@ const loopVerbs = `repeat|repeats|repeated|repeating|say|says|saying|said|print|
 
 // repeatForever catches loop bait: asking the model to produce output
 // without end, which burns tokens until max_tokens.
-var repeatForever = regexp.MustCompile(`(?i)` +
+var repeatForever = regexp.MustCompile(`` +
 	// "repeat this forever", "keep saying hello infinitely", "print X ad infinitum"
 	`\b(?:` + loopVerbs + `)\b[^.!?\n]{0,40}?` +
 	`\b(?:forever|infinitely|indefinitely|endlessly|eternally|ad\s+infinitum|without\s+(?:end|stopping)|non-?stop)\b` +
@@ -64,9 +72,9 @@ var repeatForever = regexp.MustCompile(`(?i)` +
 // builtinRules are tried first, in this order, unless the file turns them
 // off with rules.builtin: false.
 var builtinRules = []rule{
-	{name: RuleInstructionOverride, match: instructionOverride.MatchString},
-	{name: RuleRepeatForever, match: repeatForever.MatchString},
-	{name: RuleCharacterRun, match: hasCharacterRun},
+	{name: RuleInstructionOverride, match: instructionOverride.MatchString, builtin: true},
+	{name: RuleRepeatForever, match: repeatForever.MatchString, builtin: true},
+	{name: RuleCharacterRun, match: hasCharacterRun, builtin: true},
 }
 
 // isBuiltinRule reports whether name is taken by a built-in rule.
@@ -98,17 +106,61 @@ func hasCharacterRun(s string) bool {
 	return false
 }
 
-// CheckPrompt runs the policy's prompt rules over each text on its own
-// (a pattern's ^ and $ mean one field's start and end) and returns the
-// name of the first rule that matches. The api answers a match with 400
-// prompt_rejected naming the rule.
+// CheckPrompt runs the policy's prompt rules over the request's texts and
+// returns the name of the first rule that matches. The api answers a match
+// with 400 prompt_rejected naming the rule.
+//
+// A rule sees each text on its own (so a pattern's ^ and $ may mean one
+// field's start and end) and all of them joined by line breaks (so a phrase
+// split across two interests is caught: "ignore previous" + "instructions";
+// repeat_forever lets no more than whitespace cross a field's end, as it
+// lets nothing cross a sentence's, so "repeat visits" + "forever young"
+// stay two interests). It never sees the text as typed: the built-in rules
+// match its canon.Skeleton (folded, accents and look-alike letters written
+// as the ASCII they imitate, tag characters as the ASCII they shadow, any
+// whitespace one space or line break), so full-width letters, a no-break
+// space, a Cyrillic "о" or invisible characters cannot hide a phrase from
+// them; a file's rules match both its NFKC form (what the model is given,
+// so a pattern that relies on letter case keeps working) and its canon.Fold
+// (so a pattern in lower case needs no (?i), and "ＢＩＴＣＯＩＮ" is
+// "bitcoin"). A file's patterns may be in any script: they never see a
+// skeleton, which would rewrite a Cyrillic word into Latin letters.
 func (p *Policy) CheckPrompt(texts ...string) (rule string, matched bool) {
+	if len(p.rules) == 0 || len(texts) == 0 {
+		return "", false
+	}
+	var fileForms, skeletons []string
 	for _, r := range p.rules {
-		for _, t := range texts {
+		var in []string
+		if r.builtin {
+			if skeletons == nil {
+				skeletons = forms(texts, canon.Skeleton)
+			}
+			in = skeletons
+		} else {
+			if fileForms == nil {
+				fileForms = append(forms(texts, canon.NFKC), forms(texts, canon.Fold)...)
+			}
+			in = fileForms
+		}
+		for _, t := range in {
 			if r.match(t) {
 				return r.name, true
 			}
 		}
 	}
 	return "", false
+}
+
+// forms returns form of each text and then of all of them joined by line
+// breaks (when there is more than one).
+func forms(texts []string, form func(string) string) []string {
+	out := make([]string, 0, len(texts)+1)
+	for _, t := range texts {
+		out = append(out, form(t))
+	}
+	if len(texts) > 1 {
+		out = append(out, form(strings.Join(texts, "\n")))
+	}
+	return out
 }

@@ -28,9 +28,18 @@ type Options struct {
 	// Reload asks for a re-read now, whether or not the file changed;
 	// cmd feeds it from SIGHUP. May be nil.
 	Reload <-chan struct{}
+	// Check, when set, is asked about every policy before it is put in
+	// force, at NewStore and on each reload: what the file alone cannot
+	// know (a tier too small for one run of the configured agent, a model
+	// without a price while a spend limit is set). An error refuses the
+	// policy as a parse error would: no start, or the last good policy
+	// stays.
+	Check func(*Policy) error
 	// OnChange is called after each successful reload, with the policy
-	// replaced and the new one, from Run's goroutine. The api uses it to
-	// forget denials a raise made wrong (RaisedTiers, RaisedKeys).
+	// replaced and the new one, from Run's goroutine, before the reload is
+	// counted and logged: once faregate_policy_reloads_total moves, what
+	// OnChange does (new prices, denials a raise made wrong forgotten:
+	// RaisedTiers, RaisedKeys) is in force for the next request.
 	OnChange func(old, new *Policy)
 	// OnError is called after each failed reload (the old policy stays),
 	// from Run's goroutine: for the policy_reload_failed alert.
@@ -66,6 +75,8 @@ type Store struct {
 	// chmod, a second write of the same bytes) neither swap nor log.
 	mu   sync.Mutex
 	seen [32]byte
+	// subscribers are called after OnChange (Subscribe).
+	subscribers []func(old, new *Policy)
 
 	// watching, when set (by tests), is called once Run watches the file
 	// (or, without one, is about to wait), so a test's change cannot come
@@ -96,7 +107,11 @@ func NewStore(opts Options) (*Store, error) {
 		Help: "Policy file reloads refused (unreadable or invalid file); the last good policy stayed.",
 	}))
 	if opts.Path == "" {
-		s.cur.Store(Default(opts.Defaults))
+		p := Default(opts.Defaults)
+		if err := s.check(p); err != nil {
+			return nil, err
+		}
+		s.cur.Store(p)
 		return s, nil
 	}
 	data, err := os.ReadFile(opts.Path)
@@ -104,12 +119,25 @@ func NewStore(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	p, err := Parse(data, opts.Path, opts.Defaults)
+	if err == nil {
+		err = s.check(p)
+	}
 	if err != nil {
 		return nil, err
 	}
 	s.seen = sha256.Sum256(data)
 	s.cur.Store(p)
 	return s, nil
+}
+
+// Subscribe adds fn to what each successful reload calls, after OnChange
+// and in the order added, before the reload is counted. It is for what is
+// built after the store and must follow its changes (the HTTP server's
+// denial memory), so nothing has to capture a variable assigned later.
+func (s *Store) Subscribe(fn func(old, new *Policy)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subscribers = append(s.subscribers, fn)
 }
 
 // Current is the policy in force. Read it once per request and use that
@@ -237,18 +265,36 @@ func (s *Store) reload(trigger string, force bool) {
 	}
 	s.seen = sum
 	p, err := Parse(data, s.opts.Path, s.opts.Defaults)
+	if err == nil {
+		err = s.check(p)
+	}
 	if err != nil {
 		s.fail(trigger, err)
 		return
 	}
 	old := s.cur.Swap(p)
+	if s.opts.OnChange != nil {
+		s.opts.OnChange(old, p)
+	}
+	for _, fn := range s.subscribers {
+		fn(old, p)
+	}
 	s.reloads.Inc()
 	s.lg.Info("policy reloaded", "path", s.opts.Path, "trigger", trigger,
 		"file_sha256", hex.EncodeToString(sum[:6]), "tiers", len(p.tiers), "keys", len(p.keys),
 		"prompt_rules", len(p.rules), "models", len(p.prices))
-	if s.opts.OnChange != nil {
-		s.opts.OnChange(old, p)
+}
+
+// check asks Options.Check about p.
+func (s *Store) check(p *Policy) error {
+	if s.opts.Check == nil {
+		return nil
 	}
+	err := s.opts.Check(p)
+	if err != nil && p.source != SourceEnvironment {
+		return fmt.Errorf("policy %s: %w", p.source, err)
+	}
+	return err
 }
 
 func (s *Store) fail(trigger string, err error) {

@@ -105,7 +105,12 @@ func (r *storeRun) waitChange(t *testing.T, since time.Time) (*Policy, time.Dura
 	t.Helper()
 	select {
 	case ch := <-r.changes:
-		return ch[1], time.Since(since)
+		took := time.Since(since)
+		// OnChange runs inside the reload, before it is counted and
+		// logged; the reload holds mu until it has done both.
+		r.s.mu.Lock()
+		r.s.mu.Unlock()
+		return ch[1], took
 	case err := <-r.errs:
 		t.Fatalf("reload failed: %v", err)
 	case <-time.After(reloadPromise):

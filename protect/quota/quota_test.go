@@ -3,6 +3,8 @@ package quota_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,8 +15,27 @@ import (
 	"faregate/protect/redistest"
 )
 
-// clock is a settable time source shared by the test and the Quota.
-type clock = clocktest.Clock
+// maker builds a Quota on a client the way a replica does: plain, or with
+// its counting scripts on the client's shared pipeline (Pipelined).
+type maker struct {
+	name string
+	make func(t testing.TB, c redis.UniversalClient, now func() time.Time) *quota.Quota
+}
+
+// makers are both ways; the tests that count run on each.
+var makers = []maker{
+	{"plain", func(_ testing.TB, c redis.UniversalClient, now func() time.Time) *quota.Quota {
+		return quota.New(c, now)
+	}},
+	{"pipelined", func(t testing.TB, c redis.UniversalClient, now func() time.Time) *quota.Quota {
+		ap, err := c.AsyncAutoPipeline()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ap.Close() })
+		return quota.New(c, now).Pipelined(ap)
+	}},
+}
 
 func visitor(v string) quota.Subject { return quota.Subject{Visitor: v, Limit: 2, Global: 3} }
 
@@ -24,10 +45,22 @@ func visitor(v string) quota.Subject { return quota.Subject{Visitor: v, Limit: 2
 // seen every answer, so it refuses from memory, reporting nothing left.
 func TestConformance(t *testing.T) {
 	for _, be := range redistest.Both(t) {
-		t.Run(be.Name, func(t *testing.T) {
+		for _, mk := range makers {
+			t.Run(be.Name+"/"+mk.name, func(t *testing.T) { conformance(t, be, mk) })
+		}
+	}
+}
+
+func conformance(t *testing.T, be redistest.Backend, mk maker) {
+	{
+		{
 			ctx := context.Background()
+			// A fresh day's keys per maker: both share the backend.
+			if err := be.Client.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
 			clk := clocktest.New(time.Date(2026, 8, 31, 23, 59, 0, 0, time.UTC))
-			warm := quota.New(be.Client, clk.Now)
+			warm := mk.make(t, be.Client, clk.Now)
 
 			steps := []struct {
 				name              string
@@ -48,7 +81,7 @@ func TestConformance(t *testing.T) {
 			for _, st := range steps {
 				q := warm
 				if st.fresh {
-					q = quota.New(be.Client, clk.Now)
+					q = mk.make(t, be.Client, clk.Now)
 				}
 				d, err := q.Take(ctx, visitor(st.visitor))
 				if !errors.Is(err, st.wantErr) || (st.wantErr == nil) != (err == nil) {
@@ -97,7 +130,7 @@ func TestConformance(t *testing.T) {
 			if n, _ := be.Client.Exists(ctx, "faregate:quota:{2026-09-01}:ip:aa").Result(); n != 1 {
 				t.Fatal("new day's key missing")
 			}
-		})
+		}
 	}
 }
 
@@ -230,15 +263,27 @@ func TestLostReplyCountsOnce(t *testing.T) {
 		}},
 	}
 	for _, tg := range targets {
-		t.Run(tg.name, func(t *testing.T) {
+		for _, mk := range makers {
+			t.Run(tg.name+"/"+mk.name, func(t *testing.T) { lostReply(t, tg.rdb, mk) })
+		}
+	}
+}
+
+func lostReply(t *testing.T, mkClient func(t *testing.T, f *redistest.Faults) redis.UniversalClient, mk maker) {
+	{
+		{
 			if !redistest.Available() {
 				redistest.Require(t)
 			}
 			f := redistest.NewFaults()
-			rdb := tg.rdb(t, f)
+			rdb := mkClient(t, f)
 			ctx := context.Background()
+			// The day is the test's own: cluster targets share one cluster.
+			if err := rdb.Del(ctx, "faregate:quota:{2026-08-31}:ip:aa", "faregate:quota:{2026-08-31}:global").Err(); err != nil {
+				t.Fatal(err)
+			}
 			clk := clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC))
-			q := quota.New(rdb, clk.Now)
+			q := mk.make(t, rdb, clk.Now)
 			// Load the scripts first, so the lost reply is the EVALSHA's.
 			if _, err := q.Check(ctx, visitor("warmup")); err != nil {
 				t.Fatal(err)
@@ -261,7 +306,7 @@ func TestLostReplyCountsOnce(t *testing.T) {
 			if ip != 2 || g != 2 {
 				t.Fatalf("counters visitor=%d global=%d after 2 admitted tasks, want 2 and 2", ip, g)
 			}
-		})
+		}
 	}
 }
 
@@ -279,5 +324,153 @@ func TestUntilReset(t *testing.T) {
 		if got := quota.UntilReset(c.now); got != c.want {
 			t.Errorf("UntilReset(%v) = %v, want %v", c.now, got, c.want)
 		}
+	}
+}
+
+// countHook counts the counting scripts a client sends on its own and in
+// pipelines.
+type countHook struct {
+	mu              sync.Mutex
+	alone, piped    int
+	pipelines       int
+	largestPipeline int
+}
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			h.mu.Lock()
+			h.alone++
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, c := range cmds {
+			if c.Name() == "evalsha" {
+				n++
+			}
+		}
+		h.mu.Lock()
+		h.piped += n
+		h.pipelines++
+		h.largestPipeline = max(h.largestPipeline, n)
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestPipelinedSharesRoundTrips: concurrent admissions through Pipelined
+// ride shared pipelines (none is sent on its own), and count exactly.
+func TestPipelinedSharesRoundTrips(t *testing.T) {
+	for _, be := range redistest.Both(t) {
+		t.Run(be.Name, func(t *testing.T) {
+			ctx := context.Background()
+			h := &countHook{}
+			opt := *be.Client.Options()
+			c := redis.NewClient(&opt)
+			c.AddHook(h)
+			t.Cleanup(func() { _ = c.Close() })
+			ap, err := c.AsyncAutoPipeline()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ap.Close() })
+			clk := clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0, time.UTC))
+			q := quota.New(c, clk.Now).Pipelined(ap)
+			// Load the script first (the pipeline sends EVALSHA only).
+			if _, err := quota.New(c, clk.Now).Check(ctx, visitor("warmup")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := quota.New(c, clk.Now).Take(ctx, quota.Subject{Visitor: "warmup", Limit: 1, Global: 1000}); err != nil {
+				t.Fatal(err)
+			}
+			h.mu.Lock()
+			h.alone, h.piped, h.pipelines, h.largestPipeline = 0, 0, 0, 0
+			h.mu.Unlock()
+			// On a real server, writes are held for a moment, so the first
+			// script is in flight while the others queue behind it: they
+			// must then leave together. (A lone script may be sent on its
+			// own: that is the pipeliner's choice, and costs nothing.)
+			paused := be.Name != "miniredis"
+			if paused {
+				if err := c.Do(ctx, "CLIENT", "PAUSE", 3000, "WRITE").Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const n = 64
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					_, err := q.Take(ctx, quota.Subject{Visitor: fmt.Sprintf("p%d", i), Limit: 1, Global: 1000})
+					errs <- err
+				}(i)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.alone+h.piped != n {
+				t.Fatalf("%d scripts sent alone, %d in pipelines; want %d sent once each", h.alone, h.piped, n)
+			}
+			if paused && h.largestPipeline < n/2 {
+				t.Fatalf("largest pipeline carried %d scripts of %d queued behind a held one", h.largestPipeline, n)
+			}
+			if g, _ := c.Get(ctx, quota.GlobalKey("2026-08-31")).Int(); g != n+1 {
+				t.Fatalf("global counter %d, want %d", g, n+1)
+			}
+			t.Logf("%d scripts in %d pipelines (largest %d)", h.piped, h.pipelines, h.largestPipeline)
+		})
+	}
+}
+
+// TestPipelinedHonoursDeadline: a script queued behind a Redis that does
+// not answer (writes paused) fails closed when the caller's context ends,
+// long before Redis answers again.
+func TestPipelinedHonoursDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	ap, err := c.AsyncAutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ap.Close() })
+	q := quota.New(c, nil).Pipelined(ap)
+	if _, err := q.Take(ctx, quota.Subject{Visitor: "before", Limit: 5, Global: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// Scripts write, so a write pause holds them for its whole length.
+	const pause = 20 * time.Second
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
+	start := time.Now()
+	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = q.Take(tctx, quota.Subject{Visitor: "during", Limit: 5, Global: 100})
+	if !errors.Is(err, quota.ErrUnavailable) {
+		t.Fatalf("take while Redis holds writes: %v, want ErrUnavailable", err)
+	}
+	// The bound is the pause, not the deadline: only a wait for Redis to
+	// answer could take that long.
+	if took := time.Since(start); took >= pause/2 {
+		t.Fatalf("take returned after %v: it waited for Redis, not for its own deadline", took)
 	}
 }

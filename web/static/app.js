@@ -5,19 +5,20 @@
 // setText, and all server or model data enters the DOM as text nodes
 // (textContent, append of strings), never as markup.
 import { LANGS, translate, pickLanguage, errorKey, taskErrorKey, warningKey, retryText, durationKey } from './messages.js';
-import { DEFAULT_LIMITS, limitsFrom, validateTask, interestError, serverFieldErrors } from './validate.js';
+import { DEFAULT_LIMITS, limitsFrom, validateTask, validatePrompt, interestError, serverFieldErrors } from './validate.js';
+import { renderMarkdown } from './markdown.js';
 import { createClient, FaregateError, isFinal } from './client.js';
 import { startHumanCheck } from './turnstile.js';
 
 const LANG_STORAGE = 'faregate.lang';
 const PRESETS = ['food', 'history', 'art', 'nature', 'architecture', 'museums', 'nightlife', 'shopping'];
-const FIELDS = ['destination', 'days', 'interests'];
-const FIELD_INPUT = { destination: 'destination', days: 'days', interests: 'interest-custom' };
-const FIELD_HINT = { destination: 'destination-hint', days: 'days-hint', interests: 'interests-hint' };
+const FIELDS = ['prompt', 'destination', 'days', 'interests'];
+const FIELD_INPUT = { prompt: 'prompt', destination: 'destination', days: 'days', interests: 'interest-custom' };
+const FIELD_HINT = { prompt: 'prompt-hint', destination: 'destination-hint', days: 'days-hint', interests: 'interests-hint' };
 const TASK_ID = /^t_[A-Za-z0-9_-]{1,200}$/;
 const TASK_STATUSES = ['queued', 'running', 'succeeded', 'failed'];
 const STEP_KINDS = ['model', 'tool', 'agent'];
-const STEP_STATUSES = ['started', 'ok', 'failed', 'cached'];
+const STEP_STATUSES = ['started', 'ok', 'failed', 'cached', 'degraded'];
 const SAFE_CODE = /^[a-z0-9_]{1,64}$/;
 // A plan's language as a lang attribute; anything else is not trusted.
 const LANG_TAG = /^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2}$/;
@@ -32,6 +33,7 @@ const state = {
   lang: 'en',
   config: null,
   limits: DEFAULT_LIMITS,
+  input: 'trip', // the form /api/config names: 'trip' or 'prompt'
   check: null, // the human check, once the config is known
   inFlight: false,
   selected: [], // chosen interests in order: {preset: name} or {custom: text}
@@ -164,6 +166,25 @@ function renderLimits() {
   setText($('interests-hint'), 'form.interests.hint', { max: l.interests_max, len: l.interest_max });
   $('days').min = String(l.days_min);
   $('days').max = String(l.days_max);
+  setText($('prompt-hint'), 'form.prompt.hint', { max: l.prompt_max_chars });
+}
+
+// inputKey is key in the form on screen: the prompt form has its own words
+// where the trip form's speak of trips and plans.
+function inputKey(key) {
+  return state.input === 'prompt' ? key + '.prompt' : key;
+}
+
+// renderInput shows the form /api/config names: a text box for an
+// external agent's prompt, or the trip form.
+function renderInput() {
+  const prompt = state.input === 'prompt';
+  $('prompt-field').hidden = !prompt;
+  $('trip-fields').hidden = prompt;
+  setText($('app-heading'), inputKey('app.heading'));
+  setText($('app-tagline'), inputKey('app.tagline'));
+  setText($('form-heading'), inputKey('form.heading'));
+  renderSubmit();
 }
 
 // renderBanners makes development shortcuts impossible to miss: a page that
@@ -333,7 +354,7 @@ function renderSubmit() {
   const hasToken = !!(state.check && state.check.token());
   const button = $('submit');
   button.disabled = state.inFlight || !state.config || !hasToken;
-  setText(button, state.inFlight ? 'form.submitting' : 'form.submit');
+  setText(button, state.inFlight ? 'form.submitting' : inputKey('form.submit'));
   $('task-form').setAttribute('aria-busy', String(state.inFlight));
   const status = $('check-status');
   if (!state.check) clearText(status);
@@ -346,8 +367,10 @@ function renderSubmit() {
 async function onSubmit(ev) {
   ev.preventDefault();
   if (state.inFlight || !state.config || !state.check) return;
-  const raw = { destination: $('destination').value, days: $('days').value, interests: selectedInterests() };
-  const { value, errors } = validateTask(raw, state.limits);
+  const { value, errors } =
+    state.input === 'prompt'
+      ? validatePrompt({ prompt: $('prompt').value }, state.limits)
+      : validateTask({ destination: $('destination').value, days: $('days').value, interests: selectedInterests() }, state.limits);
   state.fieldErrors = errors;
   renderFieldErrors();
   if (Object.keys(errors).length > 0) {
@@ -426,8 +449,9 @@ function renderTask() {
   section.hidden = !task;
   if (!task) return;
   const dest = task.request && typeof task.request.destination === 'string' ? task.request.destination : '';
+  const prompted = (task.request && typeof task.request.prompt === 'string') || state.input === 'prompt';
   if (dest) setText($('task-heading'), 'task.heading_for', { destination: dest });
-  else setText($('task-heading'), 'task.heading');
+  else setText($('task-heading'), prompted ? 'task.heading.prompt' : 'task.heading');
   const status = TASK_STATUSES.includes(task.status) ? task.status : 'unknown';
   setText($('task-status'), 'task.status.' + status);
   section.dataset.status = status;
@@ -497,6 +521,19 @@ function renderOutcome() {
   // then reads an English plan on the Chinese page with an English voice.
   // Plans from before the language field were always English.
   const planLang = typeof r.language === 'string' && LANG_TAG.test(r.language) ? r.language : 'en';
+  // An external agent's answer is Markdown text: the safe subset, built
+  // as elements and text nodes, never parsed as HTML.
+  const isText = typeof r.text === 'string';
+  setText($('result-heading'), isText ? 'task.result.heading.prompt' : 'task.result.heading');
+  const answer = $('answer');
+  answer.hidden = !isText;
+  answer.lang = planLang;
+  answer.replaceChildren(isText ? renderMarkdown(r.text) : '');
+  const title = $('answer-title');
+  title.hidden = !(isText && typeof r.title === 'string' && r.title !== '');
+  title.lang = planLang;
+  title.textContent = title.hidden ? '' : r.title;
+  $('summary').hidden = isText;
   $('summary').lang = planLang;
   $('days-list').lang = planLang;
   $('summary').textContent = typeof r.summary === 'string' ? r.summary : '';
@@ -565,7 +602,8 @@ function showTask(task) {
 // finish announces the final state of the task in the live region.
 function finish() {
   state.watcher = null;
-  if (state.task.status === 'succeeded') setMessage({ kind: 'info', key: 'status.done' });
+  const text = state.task.result && typeof state.task.result.text === 'string';
+  if (state.task.status === 'succeeded') setMessage({ kind: 'info', key: text ? 'status.done.prompt' : 'status.done' });
   else setMessage({ kind: 'error', code: failureCode(state.task), task: true });
 }
 
@@ -693,8 +731,10 @@ async function loadConfig() {
     return;
   }
   state.config = config;
-  state.limits = limitsFrom(config.input);
+  state.limits = limitsFrom(config.limits);
+  state.input = config.input === 'prompt' ? 'prompt' : 'trip';
   renderLimits();
+  renderInput();
   renderBanners();
   setMessage(null);
   state.check = startHumanCheck({
@@ -733,6 +773,7 @@ function init() {
     }
   });
   $('destination').addEventListener('input', () => clearFieldError('destination'));
+  $('prompt').addEventListener('input', () => clearFieldError('prompt'));
   $('days').addEventListener('input', () => clearFieldError('days'));
   window.addEventListener('hashchange', openFromHash);
 

@@ -68,7 +68,12 @@ export type WarningCode =
 
 export type TaskStatus = 'queued' | 'running' | 'succeeded' | 'failed';
 
-/** The body of POST /api/tasks. Unknown fields are ignored by the server. */
+/**
+ * The body of POST /api/tasks in the trip form (Config.input "trip").
+ * Unknown fields are ignored by the server. Text holding format or control
+ * characters (zero-width spaces, bidi controls, tag characters, tabs, line
+ * breaks) is refused naming the field; lengths count code points of NFKC.
+ */
 export interface TaskRequest {
   /** Required for anonymous visitors; not needed with an API key. */
   turnstile_token?: string;
@@ -78,6 +83,20 @@ export interface TaskRequest {
   days: number;
   /** At most 5, each 1–32 characters. */
   interests?: string[];
+  /** Default: from Accept-Language, else "en". */
+  language?: Language;
+}
+
+/**
+ * The body of POST /api/tasks in the prompt form (Config.input "prompt",
+ * an external agent). Tabs and line breaks are allowed, other control and
+ * format characters are refused.
+ */
+export interface PromptRequest {
+  /** Required for anonymous visitors; not needed with an API key. */
+  turnstile_token?: string;
+  /** 1 to Config.limits.prompt_max_chars code points of NFKC after trimming. */
+  prompt: string;
   /** Default: from Accept-Language, else "en". */
   language?: Language;
 }
@@ -99,11 +118,11 @@ export interface RateLimitItem {
   reset?: number;
   /** q: the quota. */
   quota?: number;
-  /** w: the window in seconds. */
+  /** w: the window in seconds (absent for "streams", a limit on streams open at once). */
   window?: number;
 }
 
-/** By policy name: "daily" (tasks per day), "budget" (tokens per day), "rpm", "tpm". */
+/** By policy name: "daily" (tasks per day), "budget" (tokens per day), "spend", "rpm", "tpm", "failed" (failed checks per hour), "anomaly", "streams". */
 export type RateLimits = Record<string, RateLimitItem>;
 
 /** The 202 answer of createTask. */
@@ -121,7 +140,7 @@ export interface Step {
   seq: number;
   kind: 'model' | 'tool' | 'agent';
   name: string;
-  status: 'started' | 'ok' | 'failed' | 'cached';
+  status: 'started' | 'ok' | 'failed' | 'cached' | 'degraded';
   duration_ms: number;
   detail?: string;
 }
@@ -133,7 +152,7 @@ export interface Day {
 }
 
 /** A finished plan. Its text comes from a model: show it as text, never as markup. */
-export interface Result {
+export interface PlanResult {
   summary: string;
   days: Day[];
   warnings: WarningCode[];
@@ -146,12 +165,34 @@ export interface Result {
   cached?: boolean;
 }
 
+/**
+ * An external agent's answer: Markdown text (at most 64 KiB of UTF-8).
+ * Render it with a safe subset (headings, paragraphs, lists, emphasis,
+ * code, http(s) links), never as HTML.
+ */
+export interface TextResult {
+  text: string;
+  title?: string;
+  warnings: WarningCode[];
+  /** The model the agent was given. */
+  model: string;
+  language: Language;
+}
+
+/** A finished task's result: a plan, or an agent's text (tell them apart by "text" in result). */
+export type Result = PlanResult | TextResult;
+
+/** A task's request as admitted (NFKC, trimmed, language resolved). */
+export type TaskInput =
+  | { destination: string; days: number; interests: string[]; language: Language }
+  | { prompt: string; language: Language };
+
 export interface Task {
   id: string;
   status: TaskStatus;
   created_at: string;
   updated_at: string;
-  request: { destination: string; days: number; interests: string[]; language: Language };
+  request: TaskInput;
   steps: Step[];
   warnings: WarningCode[];
   result?: Result;
@@ -168,8 +209,20 @@ export interface Config {
   dev_mode: boolean;
   model_status: 'ok' | 'degraded' | 'unavailable';
   offline_model: boolean;
-  limits: { ip_daily: number; global_daily: number; requests_per_minute: number };
-  input: { destination_max: number; days_min: number; days_max: number; interests_max: number; interest_max: number };
+  /** The body POST /api/tasks takes: TaskRequest ("trip") or PromptRequest ("prompt"). */
+  input: 'trip' | 'prompt';
+  /** Daily and per-minute counts, and both forms' bounds in code points of NFKC. */
+  limits: {
+    ip_daily: number;
+    global_daily: number;
+    requests_per_minute: number;
+    prompt_max_chars: number;
+    destination_max: number;
+    days_min: number;
+    days_max: number;
+    interests_max: number;
+    interest_max: number;
+  };
   languages: Language[];
 }
 
@@ -245,7 +298,8 @@ export interface FollowOptions extends EventsOptions {
 
 export interface FaregateClient {
   config(options?: RequestOptions): Promise<Config>;
-  createTask(request: TaskRequest, options?: RequestOptions): Promise<Accepted>;
+  /** The body's form is the one Config.input names. */
+  createTask(request: TaskRequest | PromptRequest, options?: RequestOptions): Promise<Accepted>;
   getTask(id: string, options?: RequestOptions): Promise<Task>;
   usage(options?: RequestOptions): Promise<UsageReport>;
   /** The task's event stream, resumed after closes without done; ends after done. Refusals are thrown. */

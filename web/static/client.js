@@ -292,8 +292,10 @@ export function createClient(options = {}) {
   }
 
   /**
-   * createTask posts a task. The answer's body comes with location (the
-   * task's URL) and rateLimit (parsed RateLimit headers, or null).
+   * createTask posts a task: a trip ({destination, days, interests?}) or a
+   * prompt ({prompt}), whichever form config().input names. The answer's
+   * body comes with location (the task's URL) and rateLimit (parsed
+   * RateLimit headers, or null).
    */
   async function createTask(request, { signal } = {}) {
     const { body, res } = await json('/api/tasks', {

@@ -9,14 +9,15 @@ export const DEFAULT_LIMITS = Object.freeze({
   days_max: 7,
   interests_max: 5,
   interest_max: 32,
+  prompt_max_chars: 2000,
 });
 
-/** limitsFrom merges the "input" object of /api/config over the defaults, keeping only sane integers. */
-export function limitsFrom(input) {
+/** limitsFrom merges the "limits" object of /api/config over the defaults, keeping only sane integers. */
+export function limitsFrom(limits) {
   const out = { ...DEFAULT_LIMITS };
-  if (!input || typeof input !== 'object') return out;
+  if (!limits || typeof limits !== 'object') return out;
   for (const name of Object.keys(DEFAULT_LIMITS)) {
-    const v = input[name];
+    const v = limits[name];
     if (Number.isInteger(v) && v >= 0 && v <= 100000) out[name] = v;
   }
   if (out.days_min > out.days_max) {
@@ -26,13 +27,23 @@ export function limitsFrom(input) {
   return out;
 }
 
-/** codePoints counts Unicode code points, as the server does (String.length counts UTF-16 units). */
+/**
+ * codePoints counts Unicode code points of the NFKC form, as the server does
+ * (String.length counts UTF-16 units, and "ﷺ" is 18 characters in NFKC).
+ */
 export function codePoints(s) {
-  return [...s].length;
+  return [...s.normalize('NFKC')].length;
 }
 
-/** CONTROL matches control characters, which the server refuses in any text field. */
-const CONTROL = /\p{Cc}/u;
+/**
+ * CONTROL matches what the server refuses in any text field: control
+ * characters, format characters (zero-width spaces, bidi controls) and the
+ * tag block. Tabs and line breaks are control characters too: a trip's
+ * fields are one line each.
+ */
+const CONTROL = /[\p{Cc}\p{Cf}\u{E0000}-\u{E007F}\uFFFD]/u;
+/** INVISIBLE is CONTROL without tab and line breaks, which a prompt may hold. */
+const INVISIBLE = /[\0-\x08\x0B\x0C\x0E-\x1F\x7F-\x9F\p{Cf}\u{E0000}-\u{E007F}\uFFFD]/u;
 
 /** interestError returns the field error for one interest, or null when it is acceptable. */
 export function interestError(text, limits) {
@@ -77,6 +88,23 @@ export function validateTask(raw, limits) {
 }
 
 /**
+ * validatePrompt checks the prompt form's text. It returns the request body
+ * (the trimmed prompt) and a map field → {key, params}, empty when the
+ * request may be sent.
+ */
+export function validatePrompt(raw, limits) {
+  const errors = {};
+  const prompt = String(raw.prompt ?? '').trim();
+  const n = codePoints(prompt);
+  if (n < 1 || n > limits.prompt_max_chars) {
+    errors.prompt = { key: 'field.prompt', params: { max: limits.prompt_max_chars } };
+  } else if (INVISIBLE.test(prompt)) {
+    errors.prompt = { key: 'field.prompt_control', params: {} };
+  }
+  return { value: { prompt }, errors };
+}
+
+/**
  * serverFieldErrors maps the "fields" object of a 400 answer onto our own
  * translated messages: the server's sentences are English only. Sub-keys
  * such as "interests[2]" count as the interests field.
@@ -92,6 +120,10 @@ export function serverFieldErrors(fields, limits) {
         : { key: 'field.destination', params: { max: limits.destination_max } };
     } else if (name === 'days') {
       errors.days = { key: 'field.days', params: { min: limits.days_min, max: limits.days_max } };
+    } else if (name === 'prompt') {
+      errors.prompt = control
+        ? { key: 'field.prompt_control', params: {} }
+        : { key: 'field.prompt', params: { max: limits.prompt_max_chars } };
     } else if (name.startsWith('interest')) {
       errors.interests = { key: 'field.interests', params: { max: limits.interests_max, len: limits.interest_max } };
     }

@@ -1,0 +1,639 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	oteltrace "go.opentelemetry.io/otel/trace"
+
+	"faregate/agent/chat"
+	"faregate/agent/task"
+	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
+)
+
+// Governor makes governed model calls: one implementation of every
+// guarantee a model call has, for the built-in planner and for any other
+// caller (the model endpoint an operator's own agent calls). Each Call
+// passes, in the contract's order:
+//
+//	the principal's tokens-per-minute bucket and input-spike check
+//	→ the reservation (task, principal, tier share, site tokens, money)
+//	→ the site's tokens-per-minute pacing
+//	→ the breaker and the fallback (Models.Do)
+//	→ the attempt (the caller's function, which streams and cuts at
+//	  Attempt.MaxOutput)
+//	→ the settle, with the ceiling rules of budget.Charged, whose script
+//	  also writes the ledger entry (once, idempotently)
+//	→ the buckets' settlement with what was charged.
+//
+// None of the checks before the breaker counts towards opening it, and a
+// call refused by any of them spends nothing and leaves no ledger entry.
+// The caller writes the call's step (it knows what to say about the
+// reply); Outcome carries what it needs.
+type Governor struct {
+	cfg     Config
+	d       Deps // defaults applied
+	metrics *modelMetrics
+}
+
+// NewGovernor assembles a Governor from cfg and d (Models and Budget
+// required), with NewWorkflow's defaults. A Workflow has one already
+// (Workflow.Governor), sharing its metrics: use that one.
+func NewGovernor(cfg Config, d Deps) *Governor {
+	return NewWorkflow(cfg, d).gov
+}
+
+// Governor is the workflow's Governor, for other callers of governed
+// model calls.
+func (w *Workflow) Governor() *Governor { return w.gov }
+
+// Principal is a task's principal as the budget scopes need it.
+type Principal struct {
+	// ID is the visitor's (v_<hmac>) or API key's (k_<id>) principal id.
+	ID string
+	// Day is the UTC day the task was admitted: every scope of its calls
+	// is charged to it.
+	Day string
+	// TokensPerDay is the principal's daily tokens (0: the default);
+	// TokensPerMinute its bucket's rate (0: no bucket).
+	TokensPerDay, TokensPerMinute int64
+	// Tier and TierTokens are the tier's share of the site's tokens
+	// (TierTokens 0: no tier scope).
+	Tier       string
+	TierTokens int64
+}
+
+// PrincipalOf is a task record's principal.
+func PrincipalOf(rec *task.Record) Principal {
+	return Principal{ID: rec.Principal, Day: rec.Day, TokensPerDay: rec.Limits.TokensPerDay,
+		TokensPerMinute: rec.Limits.TokensPerMinute, Tier: rec.Tier, TierTokens: rec.Limits.TierTokens}
+}
+
+// Spec is one governed call. The task scope is Budget's task limit
+// (FAREGATE_TASK_TOKEN_LIMIT): an external agent's calls are held to it by
+// the same reservation as the planner's.
+type Spec struct {
+	TaskID, RequestID string
+	Principal         Principal
+	// Kind is "chat" (default), "responses" or "embeddings": the span's
+	// operation.
+	Kind string
+	// Model is the model asked for; Models decides which one answers
+	// (primary, or the fallback), and Attempt says which.
+	Model string
+	// PromptTokens is faregate's estimate of the prompt; Estimate, when
+	// set, re-counts it for the model an attempt goes to (the fallback may
+	// count differently).
+	PromptTokens int64
+	Estimate     func(model string) int64
+	// MaxOutput is the output asked for; 0 or more than Config.MaxTokens
+	// is Config.MaxTokens.
+	MaxOutput int64
+	// Closing lets a call the budget cannot afford in full go ahead with
+	// the output a token scope has left, if that is at least MinOutput
+	// (0: 256 tokens): the planner's last call ends a run with what it
+	// has; the model endpoint sets MinOutput 1 (a call that cannot afford
+	// its prompt and one output token is refused).
+	Closing   bool
+	MinOutput int64
+	// LowPrecision sends the call to the fallback first (degraded AI
+	// traffic).
+	LowPrecision bool
+	// Label names the call in logs (the caller's step).
+	Label string
+	// Logger, when set, is the call's logger (with the task's attributes).
+	Logger *slog.Logger
+}
+
+// Attempt is one try on one model, under a reservation.
+type Attempt struct {
+	// Model is the model to use now: its chat.Model for the built-in
+	// planner, its upstream (BaseURL, APIKey, HTTPClient) for a raw relay.
+	Model Model
+	// Fallback is true when Model is not the primary.
+	Fallback bool
+	// PromptTokens is the prompt the reservation holds; MaxOutput the
+	// output it covers (clamped to Config.MaxTokens and to what the
+	// budget could hold): the attempt cuts its stream there.
+	PromptTokens, MaxOutput int64
+}
+
+// Outcome is what an attempt reports, and what Call returns.
+type Outcome struct {
+	// Usage is the provider's report (Reported false: none came).
+	Usage chat.Usage
+	// Counted is faregate's own count of the output (content, tool-call
+	// arguments and reasoning alike).
+	Counted int64
+	// Truncated is true when the attempt cut the stream at MaxOutput; Cut
+	// names why a stream was cut (task.WarnOutputTruncated,
+	// task.WarnOutputLoop), "" when it was not (Truncated alone means
+	// WarnOutputTruncated).
+	Truncated bool
+	Cut       string
+	// Started is true once output reached the caller's client: the call
+	// is then never retried on the fallback.
+	Started bool
+	// FirstToken is true once any output came back; a failure after it is
+	// charged what was counted, a failure before it nothing.
+	FirstToken bool
+	// Reply is the built-in planner's reply (its content, tool calls).
+	Reply chat.Reply
+
+	// Filled in by Call: the model that answered, whether it was the
+	// fallback, what the call was charged in all (every attempt) and
+	// how long it waited for tokens.
+	Model    Model
+	FellBack bool
+	Charged  chat.Usage
+	Waited   time.Duration
+}
+
+// cut is why the attempt's stream was cut, "" when it was not.
+func (o Outcome) cut() string {
+	if o.Cut == "" && o.Truncated {
+		return task.WarnOutputTruncated
+	}
+	return o.Cut
+}
+
+// errBudgetRefused: the token budget cannot afford the next call. It
+// wraps the *budget.ExhaustedError that refused.
+var errBudgetRefused = errors.New("agent: token budget refused the call")
+
+// errStarted marks a failed attempt whose output had already reached the
+// client: Models.Do does not retry it on the fallback.
+var errStarted = errors.New("agent: the answer had started")
+
+// minClosingTokens is the smallest completion worth asking for a final answer.
+const minClosingTokens = 256
+
+// settleTimeout bounds a settle's retries once the call is over: the
+// budget re-sends its idempotent script while Redis does not answer.
+const settleTimeout = 5 * time.Second
+
+// Call makes one governed call; attempt is called once per model tried
+// (the primary, then the fallback), each under its own reservation. The
+// error is an *ExhaustedError-wrapping refusal (errors.Is
+// budget.ErrExhausted), a failure with a task code (FailureCode:
+// token_rate_limited, input_spike, agent_failed), the context's end, or
+// the last attempt's error. Whatever happens, nothing stays booked.
+func (g *Governor) Call(ctx context.Context, spec Spec, attempt func(ctx context.Context, a Attempt) (Outcome, error)) (Outcome, error) {
+	c := &governedCall{g: g, spec: spec, attempt: attempt, lg: spec.Logger,
+		alerts: callAlerts{notify: g.d.Alert, task: spec.TaskID, principal: spec.Principal.ID}}
+	if c.lg == nil {
+		c.lg = g.d.Logger
+	}
+	out, err := c.do(ctx)
+	c.release(ctx)
+	out.Charged, out.Waited = c.usage, c.waited
+	return out, err
+}
+
+// governedCall is one Call, from its reservation to its settlement,
+// across the attempts Models.Do makes. It holds what the call has booked,
+// so that whichever way the call ends, release gives back what no attempt
+// used.
+type governedCall struct {
+	g       *Governor
+	spec    Spec
+	attempt func(ctx context.Context, a Attempt) (Outcome, error)
+	lg      *slog.Logger
+	alerts  callAlerts
+
+	// prompt and maxTokens are the current attempt's estimate and
+	// completion limit.
+	prompt, maxTokens int64
+
+	// res is the budget reservation the next attempt uses; open until an
+	// attempt settles it or release gives it back.
+	res     budget.Reservation
+	resOpen bool
+
+	// take is what the principal's bucket gave the call (nil: nothing, or
+	// no limiter); charged is what the call's attempts were charged, which
+	// release settles the take with.
+	take    *bucketTake
+	charged int64
+	usage   chat.Usage
+	// paced is the next attempt's turn at the site bucket (nil: none
+	// booked, or pacing is off); the attempt settles it.
+	paced *bucketTake
+	// waited is how long the call waited for tokens, in both buckets.
+	waited time.Duration
+}
+
+// bucketTake is tokens taken from a bucket (by BeforeCall or Pace): the
+// op id and the amount, for the AfterCall that settles them.
+type bucketTake struct {
+	op     string
+	amount int64
+}
+
+// do books the call for the model Do tries first and makes it: the
+// principal's tokens per minute (and the input spike check), then the
+// budget. Both come before the breaker sees the call: a refusal is not a
+// provider failure and must never count towards opening it.
+func (c *governedCall) do(ctx context.Context) (Outcome, error) {
+	g := c.g
+	first := g.d.Models.Next(c.spec.LowPrecision)
+	c.plan(first.Name)
+	// The site's turn is waited for here, outside the breaker, so the wait
+	// never makes the call look slow.
+	if err := c.book(ctx, first.Name); err != nil {
+		return Outcome{Model: first}, err
+	}
+	var out Outcome
+	used, fellBack, err := g.d.Models.Do(ctx, c.spec.LowPrecision, func(ctx context.Context, mdl Model) error {
+		if err := c.prepare(ctx, mdl); err != nil {
+			return err
+		}
+		o, err := c.try(ctx, mdl)
+		if err != nil {
+			if o.Started {
+				return fmt.Errorf("%w: %w", errStarted, err)
+			}
+			return err
+		}
+		out = o
+		return nil
+	})
+	out.Model, out.FellBack = used, fellBack
+	return out, err
+}
+
+// prepare makes sure the attempt on mdl has its own reservation, priced for
+// mdl, and its turn at the site bucket. The first attempt has what do
+// booked; the fallback after an open breaker finds a reservation for
+// another model, which it gives back, and an unused turn, which it keeps;
+// the fallback after a failed primary finds neither (the primary settled
+// both) and books its own. A fallback never runs under the breaker, so
+// its wait for a turn cannot count as a slow call either.
+func (c *governedCall) prepare(ctx context.Context, mdl Model) error {
+	if c.resOpen && c.res.Model == mdl.Name {
+		return nil
+	}
+	c.giveBack(ctx)
+	c.plan(mdl.Name)
+	if err := c.reserve(ctx, mdl.Name); err != nil {
+		return err
+	}
+	if c.paced == nil {
+		return c.pace(ctx)
+	}
+	return nil
+}
+
+// plan sizes an attempt on model: its prompt as that model counts it, and
+// the completion limit asked for, within Config.MaxTokens.
+func (c *governedCall) plan(model string) {
+	c.prompt = c.spec.PromptTokens
+	if c.spec.Estimate != nil {
+		c.prompt = c.spec.Estimate(model)
+	}
+	c.prompt = max(c.prompt, 0)
+	c.maxTokens = int64(c.g.cfg.MaxTokens)
+	if m := c.spec.MaxOutput; m > 0 && m < c.maxTokens {
+		c.maxTokens = m
+	}
+}
+
+// book makes the call's bookings before the upstream call, in the
+// contract's order, each only once the one before it let the call through:
+// the principal's bucket and input-spike check (a spike or a bucket
+// refusal books nothing at all), the reservation, the site's turn. They
+// live in three cluster slots (the principal's, the day's, the site
+// bucket's), so they cannot be one script, and running them at once would
+// book (and alert) before a refusal that must come first. A bucket short
+// of prompt + max_tokens is waited for, within Config.TokenWait in all,
+// asking again with a new op id each time.
+func (c *governedCall) book(ctx context.Context, model string) error {
+	g := c.g
+	for {
+		wait, err := c.takeOnce(ctx)
+		if err != nil {
+			return err
+		}
+		if wait == 0 {
+			break
+		}
+		if c.waited+wait > g.cfg.TokenWait {
+			return &failure{task.CodeTokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
+		}
+		if err := g.d.Sleep(ctx, wait); err != nil {
+			return err
+		}
+		c.waited += wait
+	}
+	if err := c.reserve(ctx, model); err != nil {
+		return err
+	}
+	return c.pace(ctx)
+}
+
+// takeOnce asks the limiter whether the call may go ahead: an input spike
+// ends the task (the call is not made); a bucket short of prompt +
+// max_tokens answers how long until it holds them (a wait > 0, nothing
+// taken).
+func (c *governedCall) takeOnce(ctx context.Context) (time.Duration, error) {
+	g := c.g
+	if g.d.Limiter == nil {
+		return 0, nil
+	}
+	amount := c.prompt + c.maxTokens
+	op := rand.Text()
+	d, err := g.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(c.spec.Principal.ID),
+		PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: c.spec.Principal.TokensPerMinute, Op: op})
+	switch {
+	case errors.Is(err, ratelimit.ErrTooLarge):
+		return 0, &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		c.lg.Warn("token rate check failed", "err", err)
+		return 0, &failure{task.CodeAgentFailed, "the token rate could not be checked; please try again later"}
+	case d.Anomaly:
+		c.alerts.alertSpike(c.prompt, d)
+		return 0, &failure{task.CodeInputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
+	case d.Taken:
+		c.take = &bucketTake{op: op, amount: amount}
+		return 0, nil
+	}
+	// The script answers an exact time; a zero one would spin.
+	return max(d.RetryAfter, time.Millisecond), nil
+}
+
+// reserve books prompt + max_tokens on model in every budget scope. When
+// the budget cannot afford that, a closing call may still go ahead with a
+// smaller max_tokens that fits what a token scope has left, so a run ends
+// with what it has. (A spend refusal is in micro-units, which say nothing
+// about tokens.)
+func (c *governedCall) reserve(ctx context.Context, model string) error {
+	p := c.spec.Principal
+	req := budget.Request{Day: p.Day, Principal: p.ID, Task: c.spec.TaskID, Model: model,
+		PrincipalLimit: p.TokensPerDay, PromptTokens: c.prompt, MaxTokens: c.maxTokens}
+	if p.TierTokens > 0 {
+		req.Tier, req.TierLimit = p.Tier, p.TierTokens
+	}
+	res, err := c.g.d.Budget.Reserve(ctx, req)
+	var ex *budget.ExhaustedError
+	if errors.As(err, &ex) {
+		c.alerts.alertExhausted(ex, req)
+		least := c.spec.MinOutput
+		if least <= 0 {
+			least = minClosingTokens
+		}
+		if c.spec.Closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= least {
+			c.maxTokens = ex.Remaining - c.prompt
+			req.MaxTokens = c.maxTokens
+			res, err = c.g.d.Budget.Reserve(ctx, req)
+			if errors.As(err, &ex) {
+				c.alerts.alertExhausted(ex, req)
+			}
+		}
+	}
+	switch {
+	case err == nil:
+		c.alerts.alertWarnings(res.Warnings)
+		c.res, c.resOpen = res, true
+		return nil
+	case errors.Is(err, budget.ErrExhausted):
+		return fmt.Errorf("%w: %w", errBudgetRefused, err)
+	}
+	c.lg.Warn("budget reserve failed", "err", err)
+	// The budget store failing is not the model's fault, and spending
+	// without a reservation is not allowed: fail closed.
+	return &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
+}
+
+// settle ends reservation res with what call used, charged in full (the
+// excess as overage; the ledger entry, if any, in the same script), and
+// returns the settlement: zero when the settle failed even after the
+// budget's retries, and the reservation then expires on its own.
+func (c *governedCall) settle(ctx context.Context, res budget.Reservation, call budget.Call) budget.Settlement {
+	ctx, end := c.g.startSettle(ctx, res)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	s, err := c.g.d.Budget.SettleCall(sctx, res, call)
+	end(s, err)
+	if err != nil {
+		c.lg.Warn("budget settle failed", "err", err)
+		return budget.Settlement{}
+	}
+	c.alerts.alertWarnings(s.Warnings)
+	c.alerts.alertOverage(res, s)
+	return s
+}
+
+// giveBack settles a reservation no attempt used with nothing.
+func (c *governedCall) giveBack(ctx context.Context) {
+	if c.resOpen {
+		c.resOpen = false
+		c.settle(ctx, c.res, budget.Call{})
+	}
+}
+
+// pace books the attempt's turn at the site bucket and waits for it (the
+// fallback's own turn, after the first round).
+func (c *governedCall) pace(ctx context.Context) error {
+	wait, err := c.bookPace(ctx)
+	if err != nil || wait <= 0 {
+		return err
+	}
+	if err := c.g.d.Sleep(ctx, wait); err != nil {
+		return err
+	}
+	c.waited += wait
+	return nil
+}
+
+// bookPace books the attempt's turn at the site bucket and says how long
+// until it. A turn further away than Config.SitePaceWait is refused by the
+// limiter (it books nothing then) and ends the task with
+// token_rate_limited.
+func (c *governedCall) bookPace(ctx context.Context) (time.Duration, error) {
+	g := c.g
+	rate := g.cfg.SiteTokensPerMinute
+	if g.d.Limiter == nil || rate <= 0 {
+		return 0, nil
+	}
+	amount := c.prompt + c.maxTokens
+	op := rand.Text()
+	wait, err := g.d.Limiter.Pace(ctx, ratelimit.SiteScope, rate, amount, g.cfg.SitePaceWait, op)
+	var tooLong *ratelimit.WaitTooLongError
+	switch {
+	case errors.As(err, &tooLong):
+		return 0, &failure{task.CodeTokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
+	case errors.Is(err, ratelimit.ErrTooLarge):
+		return 0, &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		c.lg.Warn("site token rate check failed", "err", err)
+		return 0, &failure{task.CodeAgentFailed, "the site's token rate could not be checked; please try again later"}
+	}
+	c.paced = &bucketTake{op: op, amount: amount}
+	return wait, nil
+}
+
+// settleBucket settles tokens taken from scope's bucket with what was
+// used: the rest goes back, an excess is recorded as overage.
+func (c *governedCall) settleBucket(ctx context.Context, scope string, rate int64, t *bucketTake, used int64) {
+	if _, err := c.g.d.Limiter.AfterCall(context.WithoutCancel(ctx), scope, rate, t.amount, used, t.op); err != nil {
+		c.lg.Warn("token bucket settle failed", "scope", bucketName(scope), "err", err)
+	}
+}
+
+// bucketName names a bucket in logs without a visitor's hash.
+func bucketName(scope string) string {
+	if scope == ratelimit.SiteScope {
+		return scope
+	}
+	return "principal"
+}
+
+// release gives back whatever the call booked and no attempt used: a
+// budget reservation and a site turn left by a call the breaker refused
+// outright, or by an attempt that never began; and it settles the
+// principal's bucket with what the attempts were charged (all of the take
+// back when nothing reached a model, the excess recorded as overage when
+// more did).
+func (c *governedCall) release(ctx context.Context) {
+	c.giveBack(ctx)
+	if c.paced != nil {
+		c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, c.paced, 0)
+		c.paced = nil
+	}
+	if c.take != nil {
+		c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, c.take, c.charged)
+		c.take = nil
+	}
+}
+
+// try is one attempt on model mdl under the call's open reservation,
+// which it settles (the ledger entry riding in the settle's script).
+func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
+	g := c.g
+	res, prompt := c.res, c.prompt
+	c.resOpen = false
+	ctx, span := g.startModel(ctx, c.spec.Kind, mdl.Name, res.Tokens)
+
+	start := time.Now()
+	out, err := c.attempt(ctx, Attempt{Model: mdl, Fallback: mdl.Name != g.d.Models.Primary.Name,
+		PromptTokens: prompt, MaxOutput: res.Tokens - prompt})
+	latency := time.Since(start)
+	usage := out.Usage
+	unreadable := errors.Is(err, chat.ErrUnreadable)
+
+	outcome := "ok"
+	ok := true
+	cut := out.cut()
+	switch {
+	case cut != "":
+		// The stream was ours to stop: what passed is the answer.
+		outcome = cut
+		err = nil
+	case err != nil:
+		outcome = "error"
+		ok = false
+	}
+	g.metrics.duration.WithLabelValues(mdl.Name, outcome).Observe(latency.Seconds())
+
+	// Settle with what the provider reported, else what we counted (a cut
+	// call is charged what it streamed). A call that failed before a single
+	// token came back (refused at connect, a 5xx) consumed nothing that any
+	// provider bills: it is charged nothing, and counts no tokens. An
+	// answer that could not be read, or a report the budget cannot believe
+	// (below zero, past the ceiling, not integers), is charged at least the
+	// reservation (budget.Charged).
+	counted := max(out.Counted, 0)
+	first := out.FirstToken || out.Started || counted > 0
+	call := budget.Call{PromptTokens: prompt, CompletionTokens: counted, Counted: prompt + counted, Raw: usage.Raw}
+	switch {
+	case unreadable:
+		call.Unreadable = true
+		if call.Raw == "" {
+			call.Raw = "unreadable answer"
+		}
+	case usage.Reported && usage.Unreadable:
+		call.Unreadable = true
+	case usage.Reported:
+		call.PromptTokens, call.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
+	case !ok && !first:
+		call.PromptTokens, call.CompletionTokens = 0, 0
+	case ok && cut == "" && counted == 0:
+		call.CompletionTokens = chat.EstimateTokens(out.Reply.Content) + chat.EstimateToolCalls(out.Reply.ToolCalls)
+	}
+	promptUsed, completion, implausible := g.d.Budget.Charged(res, call)
+	reported := usage.Reported && !implausible
+	var entry budget.Entry
+	if g.d.Ledger != nil {
+		entry = budget.Entry{Task: c.spec.TaskID, Model: mdl.Name, Principal: c.spec.Principal.ID, RequestID: c.spec.RequestID,
+			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
+			Outcome: outcome, Estimated: !reported, Implausible: implausible}
+		call.Ledger = &entry
+	}
+	// After the call everything is settled in one round trip's time: the
+	// budget (its script writes the ledger line), the site's turn and, when
+	// no fallback can follow (this attempt answered), the principal's
+	// bucket go to Redis at once; they are independent, and each script is
+	// idempotent.
+	charge := promptUsed + completion
+	c.charged += charge
+	c.usage.PromptTokens += promptUsed
+	c.usage.CompletionTokens += completion
+	var s budget.Settlement
+	var wg sync.WaitGroup
+	wg.Go(func() { s = c.settle(ctx, res, call) })
+	if t := c.paced; t != nil {
+		c.paced = nil
+		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, charge) })
+	}
+	if t := c.take; t != nil && ok {
+		c.take = nil
+		total := c.charged
+		wg.Go(func() {
+			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, total)
+		})
+	}
+	wg.Wait()
+	if g.d.Ledger != nil {
+		entry.CostMicro, entry.OverageTokens, entry.OverageCostMicro = s.CostMicro, s.OverageTokens, s.OverageCostMicro
+		g.d.Ledger.Count(entry)
+	}
+	if implausible {
+		c.alerts.alertImplausible(mdl.Name, res, call, charge)
+	}
+	c.lg.Debug("model call", "model", mdl.Name, "label", c.spec.Label, "outcome", outcome, "reserved", res.Tokens,
+		"charged", s.Tokens, "cost_micro", s.CostMicro, "latency_ms", latency.Milliseconds())
+	span.end(outcome, promptUsed, completion, !reported, c.waited.Milliseconds())
+	if !ok {
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+		return out, err
+	}
+	return out, nil
+}
+
+// startModel starts the model.call span of an attempt on model, which
+// holds a reservation of reserved tokens.
+func (g *Governor) startModel(ctx context.Context, kind, model string, reserved int64) (context.Context, modelSpan) {
+	if g.d.Tracer == nil {
+		return ctx, modelSpan{}
+	}
+	if kind == "" {
+		kind = "chat"
+	}
+	ctx, span := g.d.Tracer.Start(ctx, spanModel, oteltrace.WithSpanKind(oteltrace.SpanKindClient),
+		oteltrace.WithAttributes(attrGenAIOperation.String(kind), attrGenAIModel.String(model), attrReserved.Int64(reserved)))
+	return ctx, modelSpan{span}
+}

@@ -1,0 +1,306 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"faregate/agent/chat"
+	"faregate/agent/task"
+	"faregate/protect/breaker"
+	"faregate/protect/budget"
+	"faregate/protect/ratelimit"
+	"faregate/protect/redistest"
+)
+
+// roundHook counts a client's commands and the sequential round trips
+// they make: a command's round is one more than the highest round of the
+// commands that had finished when it started, so commands sent at once
+// share a round. Each command is held for hold after its reply, which
+// makes "at once" (started within hold of each other) independent of how
+// fast the machine schedules goroutines.
+type roundHook struct {
+	hold time.Duration
+
+	mu       sync.Mutex
+	finished int // highest round of the finished commands
+	rounds   int // highest round assigned
+	base     int // rounds at the last mark
+	commands int
+	names    []string
+}
+
+func (h *roundHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *roundHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		round := h.finished + 1
+		h.rounds = max(h.rounds, round)
+		h.commands++
+		h.names = append(h.names, cmd.Name())
+		h.mu.Unlock()
+		err := next(ctx, cmd)
+		time.Sleep(h.hold) // the hook's own hold (see roundHook), not a synchronisation
+		h.mu.Lock()
+		h.finished = max(h.finished, round)
+		h.mu.Unlock()
+		return err
+	}
+}
+
+func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return h.ProcessHook(func(ctx context.Context, _ redis.Cmder) error { return next(ctx, cmds) })(ctx, cmds[0])
+	}
+}
+
+// mark returns the rounds and commands since the last mark. All earlier
+// commands have finished when it is called (it marks the upstream call).
+func (h *roundHook) mark() (rounds, commands int, names []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rounds, commands, names = h.rounds-h.base, h.commands, h.names
+	h.base, h.commands, h.names = h.rounds, 0, nil
+	return rounds, commands, names
+}
+
+// governedRig is the built-in governed call on the real budget, ledger and
+// rate limiter (principal bucket and site pacing on), on client rdb.
+func governedRig(rdb redis.UniversalClient) (*Governor, Spec) {
+	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
+	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}})
+	r := newRig(answers(chat.Usage{}))
+	d := r.deps()
+	d.Budget, d.Ledger, d.Limiter = bud, budget.NewLedger(rdb, clock), ratelimit.New(rdb, ratelimit.Options{Now: clock})
+	cfg := r.cfg
+	cfg.SiteTokensPerMinute = 10_000_000
+	g := NewWorkflow(cfg, d).Governor()
+	rec := record(lisbon)
+	rec.Limits.TokensPerMinute, rec.Limits.TokensPerDay, rec.Limits.TierTokens = 10_000_000, 1<<40, 1<<40
+	spec := Spec{TaskID: rec.ID, RequestID: rec.RequestID, Principal: PrincipalOf(rec), Kind: "chat", PromptTokens: 500, Label: "plan"}
+	return g, spec
+}
+
+// reported is an attempt that answers at once with the provider's usage.
+func reported(context.Context, Attempt) (Outcome, error) {
+	return Outcome{Usage: chat.Usage{PromptTokens: 480, CompletionTokens: 120, Reported: true}, Counted: 120, FirstToken: true,
+		Reply: plan(2)}, nil
+}
+
+// TestGovernedCallRoundTrips counts the Redis round trips on the critical
+// path of one governed call of the built-in planner (principal bucket and
+// site pacing on, ledger on): after the upstream call, everything (the
+// settle with its ledger line, the site's turn, the principal's bucket)
+// is one round; before it, the bucket, the reservation and the site's turn
+// are three, in the contract's order (three cluster slots: see book).
+func TestGovernedCallRoundTrips(t *testing.T) {
+	be := redistest.Real(t)
+	opt, err := redis.ParseURL(be.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &roundHook{hold: 100 * time.Millisecond}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	g, spec := governedRig(rdb)
+	// A first call loads the scripts (EVALSHA, NOSCRIPT, EVAL), then the
+	// counting starts.
+	if _, err := g.Call(context.Background(), spec, reported); err != nil {
+		t.Fatal(err)
+	}
+	rdb.AddHook(h)
+	var before, beforeCmds int
+	var beforeNames []string
+	out, err := g.Call(context.Background(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
+		before, beforeCmds, beforeNames = h.mark()
+		return reported(ctx, a)
+	})
+	if err != nil || out.Charged.PromptTokens != 480 {
+		t.Fatalf("call: %+v, %v", out, err)
+	}
+	after, afterCmds, afterNames := h.mark()
+	t.Logf("before the upstream call: %d round trips, %d commands %v; after: %d round trips, %d commands %v",
+		before, beforeCmds, beforeNames, after, afterCmds, afterNames)
+	if after != 1 || afterCmds != 3 {
+		t.Fatalf("after the upstream call: %d round trips of %d commands; want the settle (with the ledger), the site's turn and the principal's bucket in 1", after, afterCmds)
+	}
+	if before != 3 || beforeCmds != 3 {
+		t.Fatalf("before the upstream call: %d round trips of %d commands; want the bucket, the reservation and the site's turn, 3", before, beforeCmds)
+	}
+	n, err := rdb.XLen(context.Background(), budget.UsageKey(spec.Principal.Day)).Result()
+	if err != nil || n != 2 {
+		t.Fatalf("ledger: %d lines, %v; want one per call", n, err)
+	}
+}
+
+// latency adds d to every command of a client: a network's round trip.
+type latency struct{ d time.Duration }
+
+func (l latency) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l latency) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(l.d) // a simulated round trip, not a synchronisation
+		return next(ctx, cmd)
+	}
+}
+func (l latency) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		time.Sleep(l.d)
+		return next(ctx, cmds)
+	}
+}
+
+// BenchmarkGovernedCall is one governed call of the built-in planner on a
+// real redis-server, as above, with the provider answering at once: the
+// cost of the guarantees around a model call. rtt=0 is loopback; rtt=1ms
+// adds a millisecond to each command, as a Redis one network hop away
+// would, which shows the round trips on the critical path.
+func BenchmarkGovernedCall(b *testing.B) {
+	be := redistest.Real(b)
+	opt, err := redis.ParseURL(be.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rtt := range []time.Duration{0, time.Millisecond} {
+		b.Run("rtt="+rtt.String(), func(b *testing.B) {
+			rdb := redis.NewClient(opt)
+			b.Cleanup(func() { _ = rdb.Close() })
+			if rtt > 0 {
+				rdb.AddHook(latency{rtt})
+			}
+			g, spec := governedRig(rdb)
+			ctx := context.Background()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := g.Call(ctx, spec, reported); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPlannerRun is a whole run of the built-in planner with one
+// model call (the answer), on the real budget, ledger and limiter: it
+// exists in the same form before and after the Governor, so the two can
+// be compared (see the commit that added it).
+func BenchmarkPlannerRun(b *testing.B) {
+	be := redistest.Real(b)
+	opt, err := redis.ParseURL(be.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rtt := range []time.Duration{0, time.Millisecond} {
+		b.Run("rtt="+rtt.String(), func(b *testing.B) {
+			rdb := redis.NewClient(opt)
+			b.Cleanup(func() { _ = rdb.Close() })
+			if rtt > 0 {
+				rdb.AddHook(latency{rtt})
+			}
+			clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
+			r := newRig(answers(chat.Usage{PromptTokens: 480, CompletionTokens: 120, Reported: true}))
+			d := r.deps()
+			d.Budget = budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}})
+			d.Ledger = budget.NewLedger(rdb, clock)
+			d.Limiter = ratelimit.New(rdb, ratelimit.Options{Now: clock})
+			cfg := r.cfg
+			cfg.SiteTokensPerMinute = 10_000_000
+			w := NewWorkflow(cfg, d)
+			ctx := context.Background()
+			b.ResetTimer()
+			for b.Loop() {
+				rec := record(lisbon)
+				rec.Limits.TokensPerMinute, rec.Limits.TokensPerDay, rec.Limits.TierTokens = 10_000_000, 1<<40, 1<<40
+				if err := w.Run(ctx, rec, func(*task.Record, ...task.Event) error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestGovernorTaskCap: a caller other than the planner (the model
+// endpoint of an operator's agent) is held to the task's token cap
+// (FAREGATE_TASK_TOKEN_LIMIT) by the same reservation: a call that can
+// afford its prompt and some output gets MaxOutput shrunk to what is left,
+// one that cannot is refused with the task scope's ExhaustedError, and no
+// attempt is made.
+func TestGovernorTaskCap(t *testing.T) {
+	rdb := redistest.Mini(t).Client
+	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
+	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 2500}})
+	r := newRig(answers(chat.Usage{}))
+	d := r.deps()
+	d.Budget, d.Ledger = bud, budget.NewLedger(rdb, clock)
+	g := NewWorkflow(r.cfg, d).Governor()
+	rec := record(lisbon)
+	rec.Limits.TokensPerDay, rec.Limits.TierTokens = 1<<40, 1<<40
+	spec := Spec{TaskID: rec.ID, RequestID: "req-ext", Principal: PrincipalOf(rec), Kind: "chat", PromptTokens: 500,
+		Closing: true, MinOutput: 1, Label: "external"}
+	var asked []int64
+	attempt := func(_ context.Context, a Attempt) (Outcome, error) {
+		asked = append(asked, a.MaxOutput)
+		return Outcome{Usage: chat.Usage{PromptTokens: 500, CompletionTokens: a.MaxOutput, Reported: true}, Counted: a.MaxOutput, FirstToken: true}, nil
+	}
+	for range 2 {
+		if _, err := g.Call(context.Background(), spec, attempt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := g.Call(context.Background(), spec, attempt)
+	var ex *budget.ExhaustedError
+	if !errors.As(err, &ex) || ex.Scope != budget.ScopeTask {
+		t.Fatalf("third call: %v; want the task scope's refusal", err)
+	}
+	// 2500 = 500+1024, then 500+476 (what was left), then nothing.
+	if len(asked) != 2 || asked[0] != 1024 || asked[1] != 476 {
+		t.Fatalf("attempts asked for %v output tokens; want [1024 476]", asked)
+	}
+	u, err := bud.Usage(context.Background(), budget.UsageQuery{Day: rec.Day, Principal: rec.Principal, Task: rec.ID})
+	if err != nil || u.Task.Settled != 2500 || u.Task.Outstanding != 0 {
+		t.Fatalf("task scope %+v, %v; want 2500 settled, nothing held", u.Task, err)
+	}
+}
+
+// TestGovernorNoFallbackAfterStart: an attempt whose answer had reached
+// the client (Started) and then failed is not retried on the fallback;
+// one that failed before is, with Attempt.Fallback set, under its own
+// reservation.
+func TestGovernorNoFallbackAfterStart(t *testing.T) {
+	for _, started := range []bool{true, false} {
+		r := newRig(answers(chat.Usage{}))
+		r.models.Fallback = &Model{Model: answers(chat.Usage{}), Name: "cheap"}
+		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 100, FailureRatio: 1, OpenFor: time.Hour}, nil, nil)
+		g := r.workflow().Governor()
+		rec := record(lisbon)
+		var tried []string
+		out, err := g.Call(context.Background(), Spec{TaskID: rec.ID, Principal: PrincipalOf(rec), PromptTokens: 100},
+			func(_ context.Context, a Attempt) (Outcome, error) {
+				tried = append(tried, fmt.Sprintf("%s/%v", a.Model.Name, a.Fallback))
+				if !a.Fallback {
+					return Outcome{Started: started, FirstToken: true, Counted: 10}, errors.New("upstream reset")
+				}
+				return Outcome{Usage: chat.Usage{PromptTokens: 100, CompletionTokens: 5, Reported: true}}, nil
+			})
+		want := "primary/false,cheap/true"
+		if started {
+			want = "primary/false"
+		}
+		if strings.Join(tried, ",") != want || (started == (err == nil)) {
+			t.Fatalf("started %v: tried %v, err %v; want %s", started, tried, err, want)
+		}
+		if !started && (!out.FellBack || out.Model.Name != "cheap") {
+			t.Fatalf("outcome %+v", out)
+		}
+		if st := r.budget.Settled(); len(st) != len(tried) || st[0].Actual() != 100+10 {
+			t.Fatalf("started %v: settlements %+v; want the primary charged what it streamed, then the fallback's", started, st)
+		}
+	}
+}

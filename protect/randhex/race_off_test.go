@@ -1,0 +1,5 @@
+//go:build !race
+
+package randhex
+
+const raceOn = false
