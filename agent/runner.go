@@ -497,6 +497,8 @@ func (r *Runner) execute(e taskstore.Entry) {
 	lg := tracing.Logger(tctx, r.lg).With("task", rec.ID, "request_id", rec.RequestID)
 	runCtx, cancelRun := context.WithTimeout(tctx, r.o.Timeout)
 	defer cancelRun()
+	// An external agent's /v1 writes are fenced by this run's lease.
+	runCtx = taskstore.WithLease(runCtx, l)
 	r.hold(e.ID, cancelRun)
 
 	rec.Status = task.StatusRunning

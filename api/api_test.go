@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"faregate/agent/task"
+	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
@@ -132,6 +133,11 @@ func TestErrorTable(t *testing.T) {
 		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
 		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, CodeTokenRateLimited, "12", `"tpm";r=0;t=12`},
 		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, CodeTokenRateLimited, "10", `"tpm";r=0;t=10`},
+		{"task key's events", &taskkey.LimitError{Err: taskkey.ErrEventLimit, Max: 200, After: 30 * time.Second}, 429, CodeEventLimit, "30", `"task";r=0;t=30`},
+		{"task key's fetches", &taskkey.LimitError{Err: taskkey.ErrToolLimit, Max: 12, After: 1500 * time.Millisecond}, 429, CodeToolLimit, "2", `"task";r=0;t=2`},
+		{"result taken", taskkey.ErrFinished, 409, CodeTaskFinished, "", ""},
+		{"fetch refused", fmt.Errorf("%w: private address", ErrFetchRefused), 400, CodeFetchRefused, "", ""},
+		{"task key refused", taskkey.ErrInvalid, 401, CodeInvalidAPIKey, "", ""},
 		{"panic", errPanic, 500, CodeInternal, "", ""},
 		{"unknown", errors.New("something else"), 500, CodeInternal, "", ""},
 		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, CodeProtectionDown, "5", ""},

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"faregate/agent/task"
+	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
@@ -24,8 +25,12 @@ func errorRows() []entry {
 			"The request is not valid; see fields for details."},
 		{[]error{ErrPromptRejected}, http.StatusBadRequest, CodePromptRejected,
 			"The request text matches a rule this demo does not accept. Please rephrase it."},
-		{[]error{policy.ErrInvalidKey, errNoKey}, http.StatusUnauthorized, CodeInvalidAPIKey,
+		{[]error{policy.ErrInvalidKey, errNoKey, taskkey.ErrInvalid}, http.StatusUnauthorized, CodeInvalidAPIKey,
 			"The API key is missing, unknown, disabled or malformed."},
+		{[]error{ErrFetchRefused}, http.StatusBadRequest, CodeFetchRefused,
+			"The URL is not a public http(s) address, or the page could not be fetched."},
+		{[]error{taskkey.ErrFinished}, http.StatusConflict, CodeTaskFinished,
+			"The task has already ended; its result was taken."},
 		{[]error{turnstile.ErrRejected}, http.StatusForbidden, CodeTurnstileFailed,
 			"The human check failed or expired. Please complete it again."},
 		{[]error{task.ErrNotFound}, http.StatusNotFound, CodeTaskNotFound,
@@ -56,10 +61,14 @@ func errorRows() []entry {
 			"Too many model tokens in the last minute. Please wait before trying again."},
 		{[]error{ratelimit.ErrAnomalyBlocked}, http.StatusTooManyRequests, CodeAnomalyBlocked,
 			"Unusual input was seen from you several times in the last hour. Please wait before trying again."},
+		{[]error{taskkey.ErrEventLimit}, http.StatusTooManyRequests, CodeEventLimit,
+			"This task has posted all the progress events it may."},
+		{[]error{taskkey.ErrToolLimit}, http.StatusTooManyRequests, CodeToolLimit,
+			"This task has made all the tool calls it may."},
 		{[]error{errPanic}, http.StatusInternalServerError, CodeInternal,
 			"Something went wrong on our side."},
 		{[]error{turnstile.ErrUnavailable, quota.ErrUnavailable, budget.ErrUnavailable,
-			ratelimit.ErrUnavailable, taskstore.ErrUnavailable}, http.StatusServiceUnavailable, CodeProtectionDown,
+			ratelimit.ErrUnavailable, taskstore.ErrUnavailable, taskkey.ErrUnavailable}, http.StatusServiceUnavailable, CodeProtectionDown,
 			"The demo's protection is unavailable, so it is not accepting requests right now. Please try again shortly."},
 		{[]error{errModelUnavailable}, http.StatusServiceUnavailable, CodeModelUnavailable,
 			"The model provider is unavailable right now. Please try again shortly."},

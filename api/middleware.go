@@ -232,7 +232,8 @@ func (s *server) finish(rw *recorder, r *http.Request, st *state) {
 		}
 	case st.admitted != "":
 		lg.LogAttrs(context.Background(), slog.LevelInfo, "task admitted", s.accessAttrs(r, st, route, took)...)
-	case r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions:
+	case r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions,
+		isV1(r.URL.Path): // an agent's calls: dozens per task, its own steps record them
 		if lg.Enabled(context.Background(), slog.LevelDebug) {
 			lg.LogAttrs(context.Background(), slog.LevelDebug, "request", s.accessAttrs(r, st, route, took)...)
 		}

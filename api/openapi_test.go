@@ -25,9 +25,12 @@ var (
 		"demo_budget_exhausted", "too_many_streams", "rate_limited", "too_many_failed_checks",
 		"token_rate_limited", "key_daily_limit_reached", "anomaly_blocked", "internal_error",
 		"demo_protection_unavailable", "model_unavailable", "aitf_queue_full", "server_busy",
+		// Issue #21 (the external agent's /v1).
+		"fetch_refused", "task_finished", "event_limit", "tool_limit",
 	}
-	wantTaskErrorCodes = []string{"model_unavailable", "agent_failed", "worker_lost", "input_spike", "token_rate_limited"}
-	wantWarningCodes   = []string{
+	wantTaskErrorCodes = []string{"model_unavailable", "agent_failed", "worker_lost", "input_spike", "token_rate_limited",
+		"agent_unreachable", "agent_timeout"}
+	wantWarningCodes = []string{
 		"weather_unavailable", "search_unavailable", "fetch_failed", "downstream_pushback",
 		"budget_exhausted", "output_truncated", "output_loop", "step_limit", "tool_limit",
 		"time_limit", "tool_loop", "low_precision", "fallback_model",

@@ -120,6 +120,9 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 		setRateLimit(h, rlItem{name: policyAnomaly, q: ratelimit.AnomalyThreshold, w: 3600, t: secs})
 	case CodeTooManyStreams:
 		setRateLimit(h, rlItem{name: policyStreams, q: int64(s.d.Limits.StreamsPerPrincipal), unit: unitConcurrent, t: secs})
+	case CodeEventLimit, CodeToolLimit:
+		// A task's own limit (v1.go): it lasts as long as the task.
+		setRateLimit(h, rlItem{name: policyTask, q: limitOf(err), w: secs, t: secs})
 	}
 }
 

@@ -49,9 +49,18 @@ func (s *server) router() http.Handler {
 		Method(http.MethodGet, "/api/tasks/{id}/events", s.handleTaskEvents())
 	r.With(s.deadline, s.window(false)).Method(http.MethodGet, "/api/usage", s.handleUsage())
 
+	// The external agent's surface, on task keys (v1.go).
+	if s.d.V1 != nil {
+		s.v1Routes(r)
+	}
+
 	// Every other path is the page and its assets (the web handler answers
 	// its own 404s and 405s), but under /api a JSON 404.
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		if s.d.V1 != nil && isV1(req.URL.Path) {
+			s.WriteV1Error(w, req, ErrNotFound)
+			return
+		}
 		if isAPI(req.URL.Path) || s.d.Web == nil {
 			s.writeErr(w, req, ErrNotFound)
 			return

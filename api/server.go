@@ -205,6 +205,8 @@ type Deps struct {
 	// Tracer starts the spans of /api requests and the gate's checks
 	// (nil: tracing off, at no cost).
 	Tracer trace.Tracer
+	// V1 is the external agent's surface (nil: no /v1 routes).
+	V1 *V1
 }
 
 // Server is the whole HTTP API as one handler, with the background work it

@@ -77,3 +77,51 @@ func TestContractCodes(t *testing.T) {
 		})
 	}
 }
+
+// stepKindsRE is the page's list of the step kinds it renders.
+var stepKindsRE = regexp.MustCompile(`const STEP_KINDS = \[([^\]]*)\]`)
+
+// TestStepKindsRendered: the page renders every step kind the document
+// names as it renders the planner's (an external agent's "agent" steps
+// among them): each is in app.js's STEP_KINDS, so it is neither shown as
+// "unknown" nor left without its label in either language.
+func TestStepKindsRendered(t *testing.T) {
+	v, err := apitest.NewValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := fs.ReadFile(web.Files(), "app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := stepKindsRE.FindSubmatch(src)
+	if m == nil {
+		t.Fatal("no STEP_KINDS in app.js")
+	}
+	var page []string
+	for _, q := range memberRE.FindAllSubmatch(m[1], -1) {
+		page = append(page, string(q[1]))
+	}
+	msgs, err := fs.ReadFile(web.Files(), "messages.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := web.ParseTables(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := v.Enum("StepKind")
+	if !slices.Contains(doc, "agent") {
+		t.Fatalf("StepKind %v lacks agent", doc)
+	}
+	for _, kind := range doc {
+		if !slices.Contains(page, kind) {
+			t.Errorf("app.js STEP_KINDS %v lacks %q: its steps would show as unknown", page, kind)
+		}
+		for lang, table := range tables {
+			if table["step.kind."+kind] == "" {
+				t.Errorf("%s table has no step.kind.%s", lang, kind)
+			}
+		}
+	}
+}

@@ -111,8 +111,13 @@ type Day struct {
 
 // Result is the validated answer of a successful run.
 type Result struct {
-	Summary  string   `json:"summary"`
-	Days     []Day    `json:"days"`
+	Summary string `json:"summary"`
+	Days    []Day  `json:"days"`
+	// Text and Title are an external agent's answer (Markdown text, at
+	// most MaxResultText bytes); a result with Text has no Summary or Days
+	// and is written in its own shape (MarshalJSON).
+	Text     string   `json:"text,omitempty"`
+	Title    string   `json:"title,omitempty"`
 	Warnings []string `json:"warnings"`
 	// Model names what produced the plan; Offline is true for the built-in
 	// deterministic demo planner, so no one mistakes it for an LLM.

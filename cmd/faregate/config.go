@@ -58,10 +58,19 @@ type config struct {
 	AgentMaxSteps     int           `env:"AGENT_MAX_STEPS" envDefault:"6"`
 	AgentMaxToolCalls int           `env:"AGENT_MAX_TOOL_CALLS" envDefault:"12"`
 	AgentTimeout      time.Duration `env:"AGENT_TIMEOUT" envDefault:"90s"`
-	AgentConcurrency  int           `env:"AGENT_CONCURRENCY" envDefault:"8"`
+	// AgentConcurrency 0 is automatic: 8 for the built-in planner, 64
+	// with an external agent (config_agent.go says why).
+	AgentConcurrency int `env:"AGENT_CONCURRENCY" envDefault:"0"`
 	// AgentURL, when set, is the operator's own agent that each admitted
-	// task is delivered to instead of the built-in trip planner.
-	AgentURL string `env:"AGENT_URL"`
+	// task is delivered to instead of the built-in trip planner; the rest
+	// of the external agent's variables go with it (config_agent.go).
+	AgentURL         string `env:"AGENT_URL"`
+	AgentSecret      string `env:"AGENT_SECRET"`
+	AgentCallbackURL string `env:"AGENT_CALLBACK_URL"`
+	AgentMaxCalls    int    `env:"AGENT_MAX_CALLS" envDefault:"40"`
+	AgentMaxParallel int    `env:"AGENT_MAX_PARALLEL" envDefault:"4"`
+	EmbeddingModel   string `env:"EMBEDDING_MODEL"`
+	V1MaxBody        int64  `env:"V1_MAX_BODY" envDefault:"2097152"`
 	// TaskInput is the body POST /api/tasks takes (api.InputTrip or
 	// api.InputPrompt); empty: trip with the built-in planner, prompt with
 	// an external agent (validate fills it in).
@@ -304,8 +313,14 @@ func configRules() []rule {
 		{"AGENT_MAX_STEPS", between(1, 50), nil},
 		{"AGENT_MAX_TOOL_CALLS", between(0, 200), nil},
 		{"AGENT_TIMEOUT", atLeast(time.Second), nil},
-		{"AGENT_CONCURRENCY", atLeast(1), nil},
+		{"AGENT_CONCURRENCY", custom(agentConcurrency), []string{"AGENT_URL"}},
 		{"AGENT_URL", httpURL(), nil},
+		{"AGENT_SECRET", requiredWith("AGENT_URL", "to sign every delivery"), []string{"AGENT_URL"}},
+		{"AGENT_SECRET", minLen(16, "32 random bytes recommended: openssl rand -hex 32"), nil},
+		{"AGENT_CALLBACK_URL", custom(agentCallbackURL), nil},
+		{"AGENT_MAX_CALLS", between(1, 1000), nil},
+		{"AGENT_MAX_PARALLEL", between(1, 64), nil},
+		{"V1_MAX_BODY", between[int64](16384, 64<<20), nil},
 		// The form follows the agent unless set: trip for the built-in
 		// planner, prompt for an external agent.
 		{"TASK_INPUT", custom(func(c *config) string {

@@ -164,7 +164,9 @@ type runs struct {
 	runner *agent.Runner
 }
 
-func newRuns(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *storage, ops *operations, sp *spending) *runs {
+// exec runs each task: the built-in workflow, or the external agent's
+// executor (remote.go).
+func newRuns(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *storage, ops *operations, sp *spending, exec agent.Executor) *runs {
 	rcs, reg := st.redis, ops.registry
 	rn := &runs{store: taskstore.New(rcs.main)}
 	// Followers read the task's record through the readers' pool as well:
@@ -172,7 +174,7 @@ func newRuns(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *storage,
 	rn.hub = taskstore.NewHub(taskstore.New(rcs.streams), rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
 	rn.cache = plancache.New(rcs.main, plancache.Options{TTL: cfg.PlanCacheTTL, Registerer: reg})
 	bud := sp.budget
-	rn.runner = agent.NewRunner(rn.store, sp.workflow, agent.RunnerOptions{
+	rn.runner = agent.NewRunner(rn.store, exec, agent.RunnerOptions{
 		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout, Queue: rcs.queue,
 		Release: func(ctx context.Context, rec task.Record) error {
 			_, err := bud.ReleaseTask(ctx, rec.Day, rec.ID)
@@ -190,7 +192,7 @@ func newRuns(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *storage,
 // two need no closure over a variable assigned later), CORS and the
 // readiness probe.
 func newFront(cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerProvider,
-	st *storage, ops *operations, sp *spending, pol *policy.Store, rn *runs) (*api.Server, error) {
+	st *storage, ops *operations, sp *spending, pol *policy.Store, rn *runs, v1 *api.V1) (*api.Server, error) {
 	var verifier api.Verifier = turnstile.TestVerifier{}
 	if cfg.TurnstileSecret != "" {
 		verifier = turnstile.NewClient(turnstile.Options{
@@ -260,6 +262,7 @@ func newFront(cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerPro
 			RequestTimeout: requestTimeout,
 		},
 		Registry: ops.registry, Metrics: cfg.MetricsAddr == "",
+		V1:     v1,
 		Tracer: tracerFor(tp, "faregate/api"),
 	}), nil
 }

@@ -118,6 +118,8 @@ type app struct {
 	alerts   *alert.Notifier
 	hup      chan struct{}
 	closers  []func()
+	// callback is set once faregate listens (external agent only).
+	callback *callbackURL
 }
 
 func (a *app) close() {
@@ -162,8 +164,10 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	if err != nil {
 		return nil, err
 	}
-	rn := newRuns(cfg, lg, tp, st, ops, sp)
-	srv, err := newFront(cfg, lg, stdout, tp, st, ops, sp, pol, rn)
+	// With FAREGATE_AGENT_URL the operator's agent runs each task (remote.go).
+	ext := buildExternalAgent(cfg, st.redis.main, st.redis.queue, sp.models, lg)
+	rn := newRuns(cfg, lg, tp, st, ops, sp, ext.executor(sp.workflow))
+	srv, err := newFront(cfg, lg, stdout, tp, st, ops, sp, pol, rn, ext.surface())
 	if err != nil {
 		return nil, err
 	}
@@ -172,6 +176,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		srv.ForgetDenials(slices.Contains(p.RaisedTiers(old), policy.PublicTier), p.RaisedKeys(old))
 	})
 	a.server, a.registry, a.alerts, a.policies, a.runner, a.hub = srv, ops.registry, ops.alerts, pol, rn.runner, rn.hub
+	a.callback = ext.callbackURL()
 	return a, nil
 }
 
@@ -311,6 +316,10 @@ func (a *app) serve(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", a.cfg.Addr, err)
+	}
+	// Before any task is taken: deliveries name it.
+	if a.callback != nil && a.callback.get() == "" {
+		a.callback.set(a.cfg.agentCallback(ln.Addr()))
 	}
 	lim := connlimit.Wrap(ln, connlimit.Options{Max: maxConnections(a.cfg.MaxConnections), PerPeer: a.cfg.ConnectionsPerPeer,
 		Exempt: clientip.NewResolver(a.cfg.trusted, "", nil).TrustedAddr, Registerer: a.registry})

@@ -17,7 +17,7 @@ const FIELD_INPUT = { prompt: 'prompt', destination: 'destination', days: 'days'
 const FIELD_HINT = { prompt: 'prompt-hint', destination: 'destination-hint', days: 'days-hint', interests: 'interests-hint' };
 const TASK_ID = /^t_[A-Za-z0-9_-]{1,200}$/;
 const TASK_STATUSES = ['queued', 'running', 'succeeded', 'failed'];
-const STEP_KINDS = ['model', 'tool'];
+const STEP_KINDS = ['model', 'tool', 'agent'];
 const STEP_STATUSES = ['started', 'ok', 'failed', 'cached', 'degraded'];
 const SAFE_CODE = /^[a-z0-9_]{1,64}$/;
 // A plan's language as a lang attribute; anything else is not trusted.

@@ -28,7 +28,11 @@ export type ErrorCode =
   | 'demo_protection_unavailable' // 503: Turnstile or Redis down; nothing counted
   | 'model_unavailable' // 503: model breaker open, no fallback
   | 'aitf_queue_full' // 503: AI-traffic delay queue full
-  | 'server_busy'; // 503: connection or stream limit of the process
+  | 'server_busy' // 503: connection or stream limit of the process
+  | 'fetch_refused' // 400 (/v1): not a public http(s) address
+  | 'task_finished' // 409 (/v1): the task's result was already taken
+  | 'event_limit' // 429 (/v1): the task's progress events are used up
+  | 'tool_limit'; // 429 (/v1): the task's tool calls are used up
 
 /** Codes the client itself produces. */
 export type ClientErrorCode =
@@ -37,7 +41,14 @@ export type ClientErrorCode =
   | 'stream_unsupported'; // this browser cannot read a response as a stream
 
 /** Why an admitted task failed; its quota slot stays used. */
-export type TaskErrorCode = 'model_unavailable' | 'agent_failed' | 'worker_lost' | 'input_spike' | 'token_rate_limited';
+export type TaskErrorCode =
+  | 'model_unavailable'
+  | 'agent_failed'
+  | 'worker_lost'
+  | 'input_spike'
+  | 'token_rate_limited'
+  | 'agent_unreachable' // the external agent could not be reached
+  | 'agent_timeout'; // the external agent accepted but sent no result in time
 
 /** Why a finished plan was limited; the plan is still usable. */
 export type WarningCode =
@@ -127,7 +138,7 @@ export interface Accepted {
 
 export interface Step {
   seq: number;
-  kind: 'model' | 'tool';
+  kind: 'model' | 'tool' | 'agent';
   name: string;
   status: 'started' | 'ok' | 'failed' | 'cached' | 'degraded';
   duration_ms: number;

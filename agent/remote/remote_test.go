@@ -1,0 +1,299 @@
+package remote
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"faregate/agent"
+	"faregate/agent/task"
+	"faregate/agent/taskkey"
+	"faregate/agent/taskstore"
+	"faregate/protect/redistest"
+)
+
+const secret = "remote-test-secret-0123"
+
+// fixture is one task ready to run under a lease, on miniredis.
+type fixture struct {
+	rdb  redis.UniversalClient
+	keys *taskkey.Keys
+	rec  task.Record
+	l    taskstore.Lease
+
+	mu     sync.Mutex
+	events []task.Event
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	be := redistest.Mini(t)
+	s := taskstore.New(be.Client)
+	now := time.Now().UTC()
+	rec := task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusQueued, CreatedAt: now, UpdatedAt: now,
+		Request: task.Request{Destination: "Lisbon", Days: 2, Interests: []string{"food"}},
+		Steps:   []task.Step{}, Warnings: []string{}}, Principal: "v_abc", Tier: "public"}
+	if err := s.Create(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := s.Acquire(context.Background(), taskstore.Entry{ID: "1-1", Task: rec.ID}, "me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{rdb: be.Client, keys: taskkey.New(be.Client, taskkey.Options{MaxEvents: 5}), rec: rec, l: l}
+}
+
+func (f *fixture) progress(rec *task.Record, evs ...task.Event) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, evs...)
+	return nil
+}
+
+// run runs the executor against agentURL with a deadline life from now.
+func (f *fixture) run(t *testing.T, agentURL string, life time.Duration, o Options) (*task.Record, error) {
+	t.Helper()
+	o.URL, o.Secret, o.Keys, o.Inbox = agentURL, secret, f.keys, f.rdb
+	o.Callback = func() string { return "http://faregate.test/" }
+	o.Model = "demo-model"
+	if o.RetryWait == 0 {
+		o.RetryWait = 10 * time.Millisecond
+	}
+	e := New(o)
+	ctx, cancel := context.WithTimeout(taskstore.WithLease(context.Background(), f.l), life)
+	defer cancel()
+	rec := f.rec
+	err := e.Run(ctx, &rec, f.progress)
+	return &rec, err
+}
+
+// agentServer answers deliveries with h, keeping each delivery.
+func agentServer(t *testing.T, h func(d Delivery, w http.ResponseWriter, r *http.Request)) (*httptest.Server, func() []Delivery) {
+	var mu sync.Mutex
+	var got []Delivery
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		if sig := r.Header.Get("X-Faregate-Signature"); sig != Sign(secret, raw) {
+			t.Errorf("signature %q does not match the body", sig)
+		}
+		var d Delivery
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Errorf("delivery: %v", err)
+		}
+		mu.Lock()
+		got = append(got, d)
+		mu.Unlock()
+		h(d, w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() []Delivery { mu.Lock(); defer mu.Unlock(); return append([]Delivery(nil), got...) }
+}
+
+func code(err error) string {
+	c, _, _ := agent.FailureCode(err)
+	return c
+}
+
+// TestDeliveryAndSyncResult: the delivery is the contract's, with a key
+// that works while the task runs and not after; a 200 result becomes the
+// task's text result.
+func TestDeliveryAndSyncResult(t *testing.T) {
+	f := newFixture(t)
+	var during error
+	srv, deliveries := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
+		_, during = f.keys.Authenticate(r.Context(), d.OpenAI.APIKey)
+		_, _ = io.WriteString(w, `{"result":{"text":"# Hi","title":"  Greeting "}}`)
+	})
+	rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if during != nil {
+		t.Fatalf("key refused during the run: %v", during)
+	}
+	d := deliveries()[0]
+	if d.Task.ID != f.rec.ID || string(d.Task.Request) != `{"destination":"Lisbon","days":2,"interests":["food"],"language":"en"}` ||
+		d.OpenAI.BaseURL != "http://faregate.test/v1" || d.Tools.FetchURL != "http://faregate.test/v1/tools/fetch" ||
+		d.EventsURL != "http://faregate.test/v1/tasks/"+f.rec.ID+"/events" || d.ResultURL != "http://faregate.test/v1/tasks/"+f.rec.ID+"/result" ||
+		d.OpenAI.Model != "demo-model" || !strings.HasPrefix(d.OpenAI.APIKey, taskkey.Prefix) {
+		t.Fatalf("delivery %+v", d)
+	}
+	if left := d.Task.Deadline.Sub(d.Task.SentAt); left < 4*time.Second || left > 6*time.Second {
+		t.Fatalf("deadline %v after sent_at", left)
+	}
+	if r := rec.Result; r == nil || r.Text != "# Hi" || r.Title != "Greeting" || r.Model != "demo-model" || r.Language != "en" {
+		t.Fatalf("result %+v", rec.Result)
+	}
+	raw, _ := json.Marshal(rec.Result)
+	if string(raw) != `{"text":"# Hi","title":"Greeting","warnings":[],"model":"demo-model","language":"en"}` {
+		t.Fatalf("result JSON %s", raw)
+	}
+	if _, err := f.keys.Authenticate(context.Background(), d.OpenAI.APIKey); !errors.Is(err, taskkey.ErrInvalid) {
+		t.Fatalf("key after the run: %v", err)
+	}
+}
+
+// TestPostedResultAndSteps: 202, then progress and the result through the
+// inbox (as any replica's /v1 writes them): steps open and close in place
+// with a duration; the posted result wins; events after the limit are
+// refused.
+func TestPostedResultAndSteps(t *testing.T) {
+	f := newFixture(t)
+	posting := make(chan struct{})
+	srv, _ := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		go func() {
+			defer close(posting)
+			ctx := context.Background()
+			g, err := f.keys.Authenticate(ctx, d.OpenAI.APIKey)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, p := range []taskkey.Posted{
+				{Kind: task.KindAgent, Name: "search", Status: "started"},
+				{Kind: task.KindAgent, Name: "search", Status: "ok", Detail: "2 hits"},
+				{Kind: task.KindAgent, Name: "write", Status: "failed"},
+			} {
+				raw, _ := json.Marshal(p)
+				if err := f.keys.Event(ctx, g, raw); err != nil {
+					t.Error(err)
+				}
+			}
+			step, _ := json.Marshal(taskkey.Posted{Kind: "model", Name: "gpt", Status: "ok", DurationMS: 12, Warning: task.WarnOutputTruncated})
+			if err := f.keys.Step(ctx, g, step); err != nil {
+				t.Error(err)
+			}
+			if err := f.keys.Result(ctx, g, []byte(`{"result":{"text":"posted"}}`)); err != nil {
+				t.Errorf("result: %v", err)
+			}
+		}()
+	})
+	rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
+	<-posting // the posts' replies may come after the run took them
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Result == nil || rec.Result.Text != "posted" {
+		t.Fatalf("result %+v", rec.Result)
+	}
+	if len(rec.Steps) != 3 || rec.Steps[0].Name != "search" || rec.Steps[0].Status != "ok" || rec.Steps[0].Detail != "2 hits" ||
+		rec.Steps[1].Status != "failed" || rec.Steps[1].Seq != 2 || rec.Steps[2].Kind != "model" || rec.Steps[2].DurationMS != 12 {
+		t.Fatalf("steps %+v", rec.Steps)
+	}
+	if len(rec.Result.Warnings) != 1 || rec.Result.Warnings[0] != task.WarnOutputTruncated {
+		t.Fatalf("warnings %v", rec.Result.Warnings)
+	}
+	f.mu.Lock()
+	n := len(f.events)
+	f.mu.Unlock()
+	if n != 4 {
+		t.Fatalf("%d step events published, want 4", n)
+	}
+}
+
+// TestAgentFailures: each way the agent can fail ends the run with the
+// contract's code; a delivery whose connection failed before any answer
+// is sent three times in all, the same body each time.
+func TestAgentFailures(t *testing.T) {
+	var resets atomic.Int64
+	cases := []struct {
+		name string
+		h    func(d Delivery, w http.ResponseWriter, r *http.Request)
+		life time.Duration
+		code string
+	}{
+		{"500", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 5 * time.Second, task.CodeAgentFailed},
+		{"204", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, 5 * time.Second, task.CodeAgentFailed},
+		{"redirect", func(d Delivery, w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/x", http.StatusFound) }, 5 * time.Second, task.CodeAgentFailed},
+		{"not JSON", func(d Delivery, w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }, 5 * time.Second, task.CodeAgentFailed},
+		{"empty text", func(d Delivery, w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, `{"result":{"text":"  "}}`)
+		}, 5 * time.Second, task.CodeAgentFailed},
+		{"text too long", func(d Delivery, w http.ResponseWriter, r *http.Request) {
+			raw, _ := json.Marshal(map[string]any{"result": map[string]string{"text": strings.Repeat("a", task.MaxResultText+1)}})
+			_, _ = w.Write(raw)
+		}, 5 * time.Second, task.CodeAgentFailed},
+		{"answer too large", func(d Delivery, w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, `{"result":{"text":"`+strings.Repeat(`\u0061`, maxAnswer/6+10)+`"}}`)
+		}, 5 * time.Second, task.CodeAgentFailed},
+		{"posted error", func(d Delivery, w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, `{"error":{"code":"mine","message":"no"}}`)
+		}, 5 * time.Second, task.CodeAgentFailed},
+		{"hang", func(d Delivery, w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, 700 * time.Millisecond, task.CodeAgentUnreachable},
+		{"silent 202", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(202) }, 700 * time.Millisecond, task.CodeAgentTimeout},
+		{"reset", func(d Delivery, w http.ResponseWriter, r *http.Request) {
+			resets.Add(1)
+			c, _, _ := w.(http.Hijacker).Hijack()
+			_ = c.Close()
+		}, 5 * time.Second, task.CodeAgentUnreachable},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			srv, deliveries := agentServer(t, c.h)
+			rec, err := f.run(t, srv.URL, c.life, Options{})
+			if code(err) != c.code {
+				t.Fatalf("err %v (code %q), want %s", err, code(err), c.code)
+			}
+			if rec.Result != nil {
+				t.Fatalf("a failed run has a result: %+v", rec.Result)
+			}
+			want := 1
+			if c.name == "reset" {
+				want = 3
+			}
+			if n := len(deliveries()); n != want {
+				t.Fatalf("%d deliveries, want %d", n, want)
+			}
+		})
+	}
+	t.Run("refused", func(t *testing.T) {
+		f := newFixture(t)
+		srv := httptest.NewServer(http.NotFoundHandler())
+		url := srv.URL
+		srv.Close()
+		if _, err := f.run(t, url, 5*time.Second, Options{}); code(err) != task.CodeAgentUnreachable {
+			t.Fatalf("refused: %v", err)
+		}
+	})
+}
+
+// TestRunEnds: a run cancelled from outside (shutdown, a lost lease)
+// returns the context's error for the runner to name; a run without its
+// lease, or whose lease another replica took, does not start.
+func TestRunEnds(t *testing.T) {
+	f := newFixture(t)
+	started := make(chan struct{})
+	srv, _ := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(202)
+		close(started)
+	})
+	e := New(Options{URL: srv.URL, Secret: secret, Keys: f.keys, Inbox: f.rdb, Callback: func() string { return "http://x" }})
+	ctx, cancel := context.WithTimeout(taskstore.WithLease(context.Background(), f.l), time.Minute)
+	go func() { <-started; cancel() }()
+	rec := f.rec
+	if err := e.Run(ctx, &rec, f.progress); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled run: %v", err)
+	}
+	if err := e.Run(context.Background(), &rec, f.progress); err == nil {
+		t.Fatal("a run without a lease started")
+	}
+	stale := f.l
+	stale.Epoch++
+	sctx, scancel := context.WithTimeout(taskstore.WithLease(context.Background(), stale), time.Minute)
+	defer scancel()
+	if err := e.Run(sctx, &rec, f.progress); !errors.Is(err, taskstore.ErrLeaseLost) {
+		t.Fatalf("run under a lease it does not hold: %v", err)
+	}
+}

@@ -1,0 +1,272 @@
+package taskkey
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"faregate/agent/task"
+	"faregate/agent/taskstore"
+	"faregate/protect/redistest"
+)
+
+// running stores a task, queues it and takes its lease for owner, as a
+// runner would: the key's fence is that lease.
+func running(t *testing.T, rdb redis.UniversalClient, owner string) (task.Record, taskstore.Lease) {
+	t.Helper()
+	ctx := context.Background()
+	s := taskstore.New(rdb)
+	now := time.Now().UTC()
+	rec := task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusQueued, CreatedAt: now, UpdatedAt: now,
+		Steps: []task.Step{}, Warnings: []string{}}, Principal: "v_abc", Tier: "public", Day: now.Format("2006-01-02")}
+	if err := s.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := s.Acquire(ctx, taskstore.Entry{ID: "1-1", Task: rec.ID}, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec, l
+}
+
+// replicas are two Keys on two clients of one real redis-server: two
+// processes' views, sharing nothing but Redis.
+func replicas(t *testing.T, o Options) (a, b *Keys, rdb *redis.Client) {
+	t.Helper()
+	redistest.Require(t)
+	srv := redistest.Start(t)
+	return New(srv.Client(t), o), New(srv.Client(t), o), srv.Client(t)
+}
+
+// within polls cond until it holds or d passes, and says how long it took.
+func within(d time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	for {
+		if cond() {
+			return time.Since(start), true
+		}
+		if time.Since(start) > d {
+			return time.Since(start), false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKeyScope: a minted key works on both replicas for its own task; a
+// forged, malformed or other-task key never does; a refusal is one error.
+func TestKeyScope(t *testing.T) {
+	a, b, rdb := replicas(t, Options{})
+	ctx := context.Background()
+	rec, l := running(t, rdb, "replica-a")
+	deadline := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+	key, err := a.Mint(ctx, l, rec, deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(key, Prefix) || len(key) < len(Prefix)+32+1+26 {
+		t.Fatalf("key %q: want fgt_ + task + 130 random bits", key)
+	}
+	if raw, _ := rdb.HGetAll(ctx, keyKey(rec.ID)).Result(); strings.Contains(strings.Join(mapValues(raw), " "), key) {
+		t.Fatal("the key itself is stored in Redis; only its SHA-256 may be")
+	}
+	for _, k := range []*Keys{a, b} {
+		g, err := k.Authenticate(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Task != rec.ID || g.Principal != "v_abc" || g.Tier != "public" || g.Owner != "replica-a" || g.Epoch != l.Epoch || !g.Deadline.Equal(deadline) {
+			t.Fatalf("grant %+v", g)
+		}
+	}
+	other, ol := running(t, rdb, "replica-a")
+	otherKey, err := a.Mint(ctx, ol, other, deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := []string{
+		"", "fgt_", "fg_abc", key + "x", key[:len(key)-1] + "A",
+		// Another task's random part under this task's id, and the reverse.
+		Prefix + strings.TrimPrefix(rec.ID, "t_") + otherKey[len(Prefix)+32:],
+		Prefix + strings.TrimPrefix(other.ID, "t_") + key[len(Prefix)+32:],
+		Prefix + strings.TrimPrefix(task.NewID(), "t_") + "_" + strings.Repeat("A", 26),
+	}
+	for _, f := range forged {
+		for _, k := range []*Keys{a, b} {
+			if _, err := k.Authenticate(ctx, f); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("forged %q: %v, want ErrInvalid", f, err)
+			}
+		}
+	}
+	// A mint by a replica that no longer holds the lease writes nothing.
+	stale := l
+	stale.Epoch--
+	if _, err := a.Mint(ctx, stale, rec, deadline); !errors.Is(err, taskstore.ErrLeaseLost) {
+		t.Fatalf("mint under a stale lease: %v", err)
+	}
+}
+
+func mapValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestKeyEndsOnEveryReplica: when the task ends on replica a (its key
+// revoked), replica b refuses the key and cuts the requests it has open
+// within 1 s; likewise when the lease is lost (the reaper took it) and
+// when the deadline passes.
+func TestKeyEndsOnEveryReplica(t *testing.T) {
+	a, b, rdb := replicas(t, Options{})
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		end  func(rec task.Record)
+		life time.Duration
+	}{
+		{"revoked", func(rec task.Record) {
+			if err := a.Revoke(ctx, rec.ID); err != nil {
+				t.Fatal(err)
+			}
+		}, time.Minute},
+		{"lease lost", func(rec task.Record) {
+			if _, _, err := taskstore.New(rdb).Acquire(ctx, taskstore.Entry{ID: "1-1", Task: rec.ID}, "replica-b"); err != nil {
+				t.Fatal(err)
+			}
+		}, time.Minute},
+		{"deadline", func(task.Record) {}, 1500 * time.Millisecond},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, l := running(t, rdb, "replica-a")
+			key, err := a.Mint(ctx, l, rec, time.Now().Add(tc.life))
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := b.Authenticate(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			open, done := b.Watch(ctx, g)
+			defer done()
+			// Warm b's cache right before the end: the refusal must still
+			// come within 1 s.
+			if _, err := b.Authenticate(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			endAt := time.Now()
+			tc.end(rec)
+			if tc.name == "deadline" {
+				endAt = g.Deadline
+			}
+			wait := time.Until(endAt.Add(time.Second))
+			if _, ok := within(wait, func() bool { return open.Err() != nil }); !ok {
+				t.Fatalf("the open request on the other replica still runs 1 s after the task ended")
+			}
+			if _, ok := within(time.Until(endAt.Add(time.Second)), func() bool {
+				_, err := b.Authenticate(ctx, key)
+				return errors.Is(err, ErrInvalid)
+			}); !ok {
+				t.Fatalf("the other replica still accepts the key 1 s after the task ended")
+			}
+			if _, err := a.Authenticate(ctx, key); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("the ending replica accepts the key: %v", err)
+			}
+			if err := b.Result(ctx, g, []byte(`{"result":{"text":"late"}}`)); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("a result after the end: %v, want ErrInvalid", err)
+			}
+			msgs, err := a.Read(ctx, nil, rec.ID, "0", 0)
+			if err != nil || len(msgs) != 0 {
+				t.Fatalf("inbox after refused writes: %v %v", msgs, err)
+			}
+			t.Logf("%s: refused on the other replica %v after the end", tc.name, time.Since(endAt).Round(time.Millisecond))
+		})
+	}
+}
+
+// TestKeyWrites: events and fetches are counted within their limits on
+// every replica together; a result is taken once; entries reach the inbox
+// in order.
+func TestKeyWrites(t *testing.T) {
+	a, b, rdb := replicas(t, Options{MaxEvents: 3, MaxTools: 2})
+	ctx := context.Background()
+	rec, l := running(t, rdb, "replica-a")
+	deadline := time.Now().Add(time.Minute)
+	key, err := a.Mint(ctx, l, rec, deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga, _ := a.Authenticate(ctx, key)
+	gb, _ := b.Authenticate(ctx, key)
+	for i, k := range []*Keys{a, b, a} {
+		g := ga
+		if k == b {
+			g = gb
+		}
+		if err := k.Event(ctx, g, []byte{'0' + byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var le *LimitError
+	if err := b.Event(ctx, gb, []byte("x")); !errors.As(err, &le) || !errors.Is(err, ErrEventLimit) {
+		t.Fatalf("4th event: %v, want ErrEventLimit", err)
+	}
+	if ra := le.RetryAfter(); ra < 50*time.Second || ra > time.Minute {
+		t.Fatalf("retry after %v, want the time to the deadline", ra)
+	}
+	if err := a.Tool(ctx, ga); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Tool(ctx, gb); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Tool(ctx, ga); !errors.Is(err, ErrToolLimit) {
+		t.Fatalf("3rd fetch: %v, want ErrToolLimit", err)
+	}
+	if err := b.Step(ctx, gb, []byte("s")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Result(ctx, gb, []byte("r")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Result(ctx, ga, []byte("again")); !errors.Is(err, ErrFinished) {
+		t.Fatalf("second result: %v, want ErrFinished", err)
+	}
+	msgs, err := a.Read(ctx, nil, rec.ID, "0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range msgs {
+		got = append(got, m.Type+":"+string(m.Data))
+	}
+	if strings.Join(got, " ") != "event:0 event:1 event:2 step:s result:r" {
+		t.Fatalf("inbox %v", got)
+	}
+	// A blocking read from the last entry wakes when one arrives.
+	last := msgs[len(msgs)-1].ID
+	woke := make(chan []Message, 1)
+	go func() {
+		m, _ := a.Read(ctx, nil, rec.ID, last, 5*time.Second)
+		woke <- m
+	}()
+	if err := b.Event(ctx, gb, nil); err == nil {
+		t.Fatal("event past the limit accepted")
+	}
+	if err := b.Step(ctx, gb, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-woke:
+		if len(m) != 1 || string(m[0].Data) != "late" {
+			t.Fatalf("woke with %+v", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the blocked reader did not wake")
+	}
+}

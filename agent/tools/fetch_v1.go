@@ -1,0 +1,89 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"faregate/agent/outbound"
+)
+
+// ErrFetchRefused: a fetch for an external agent (POST /v1/tools/fetch)
+// named no public http(s) address, was redirected to one that is not, or
+// could not be fetched at all.
+var ErrFetchRefused = errors.New("tools: fetch refused")
+
+// Bounds of Fetch.
+const (
+	// DefaultFetchBytes is what Fetch reads when the caller names no
+	// bound; MaxPageBytes the most it ever reads.
+	DefaultFetchBytes = 256 << 10
+)
+
+// Fetched is a page as an external agent gets it.
+type Fetched struct {
+	Status      int    `json:"status"`
+	ContentType string `json:"content_type"`
+	Text        string `json:"text"`
+	Truncated   bool   `json:"truncated"`
+}
+
+// Fetch GETs raw through c, which must be built like fetch_page's (an
+// outbound session on SafeTransport: public addresses only, honest
+// identity, one answer per task for the same request, capped retries),
+// reading at most maxBytes (0: DefaultFetchBytes; at most MaxPageBytes).
+// A text or HTML page becomes its readable text; any other answer keeps
+// its status and type with no text. Every failure before an answer is
+// ErrFetchRefused, wrapped with the reason.
+func Fetch(ctx context.Context, c *http.Client, raw string, maxBytes int64) (Fetched, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultFetchBytes
+	}
+	maxBytes = min(maxBytes, MaxPageBytes)
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(raw) > maxURLLen {
+		return Fetched{}, fmt.Errorf("%w: not an absolute http(s) URL", ErrFetchRefused)
+	}
+	if u.User != nil {
+		return Fetched{}, fmt.Errorf("%w: credentials in the URL", ErrFetchRefused)
+	}
+	u.Fragment = ""
+	cc := *NewFetchPage(c).(fetchPage).c
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return Fetched{}, fmt.Errorf("%w: %v", ErrFetchRefused, err)
+	}
+	req.Header.Set("Accept", "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1")
+	resp, err := cc.Do(req)
+	if err != nil {
+		return Fetched{}, fmt.Errorf("%w: %s", ErrFetchRefused, reason(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
+	if err != nil {
+		return Fetched{}, fmt.Errorf("%w: the connection broke while reading the page", ErrFetchRefused)
+	}
+	cut := int64(len(body)) > maxBytes || resp.Header.Get(outbound.HeaderTruncated) == "true"
+	if int64(len(body)) > maxBytes {
+		body = body[:maxBytes]
+	}
+	ct := resp.Header.Get("Content-Type")
+	out := Fetched{Status: resp.StatusCode, ContentType: mediaType(ct), Truncated: cut}
+	if _, text, ok := pageText(ct, body); ok {
+		out.Text = text
+	}
+	return out, nil
+}
+
+// mediaType is a Content-Type without its parameters.
+func mediaType(ct string) string {
+	if mt, _, err := mime.ParseMediaType(ct); err == nil {
+		return mt
+	}
+	return strings.ToLower(strings.TrimSpace(strings.Split(ct, ";")[0]))
+}

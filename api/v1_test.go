@@ -1,0 +1,141 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/agent/task"
+	"faregate/agent/taskkey"
+	"faregate/agent/taskstore"
+	"faregate/protect/budget"
+	"faregate/protect/clientip"
+	"faregate/protect/redistest"
+)
+
+// v1Server is the API with only /v1 wired, on a real task key of a
+// running task (miniredis), and the model endpoint given as models.
+func v1Server(t *testing.T, models V1Handler) (*Server, string, taskkey.Grant) {
+	t.Helper()
+	be := redistest.Mini(t)
+	store := taskstore.New(be.Client)
+	now := time.Now().UTC()
+	rec := task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusRunning, CreatedAt: now, UpdatedAt: now,
+		Steps: []task.Step{}, Warnings: []string{}}, Principal: "v_abcdef0123456789", Tier: "public"}
+	if err := store.Create(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := store.Acquire(context.Background(), taskstore.Entry{ID: "1-1", Task: rec.ID}, "me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := taskkey.New(be.Client, taskkey.Options{})
+	key, err := keys.Mint(context.Background(), l, rec, now.Add(90*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := keys.Authenticate(context.Background(), key)
+	srv := NewServer(Deps{Visitors: clientip.NewResolver(nil, "", []byte("k")), Store: store, Registry: prometheus.NewRegistry(),
+		V1: &V1{Keys: keys, Models: models}})
+	return srv, key, g
+}
+
+func v1Do(srv http.Handler, method, path, key, ct, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("Authorization", "Bearer "+key)
+	}
+	if ct != "" {
+		r.Header.Set("Content-Type", ct)
+	}
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, r)
+	return w
+}
+
+func v1Code(t *testing.T, w *httptest.ResponseRecorder) (code, typ string) {
+	t.Helper()
+	var e struct {
+		Error struct{ Code, Message, Type string }
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" {
+		t.Fatalf("not an OpenAI-shaped error: %d %s", w.Code, w.Body)
+	}
+	return e.Error.Code, e.Error.Type
+}
+
+// TestV1Surface: the model endpoint behind the task key gets the grant in
+// its context and answers errors through the one table in the OpenAI
+// shape; refusals that last as long as the task say so; the key and the
+// body are checked before it runs.
+func TestV1Surface(t *testing.T) {
+	var seen taskkey.Grant
+	var fail error
+	srv, key, g := v1Server(t, func(w http.ResponseWriter, r *http.Request) error {
+		seen, _ = taskkey.FromContext(r.Context())
+		if r.URL.Path == "/v1/embeddings" {
+			WriteV1Error(w, r, budget.ErrExhausted) // written by the handler itself
+			return nil
+		}
+		if fail != nil {
+			return fail
+		}
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	if w := v1Do(srv, "POST", "/v1/chat/completions", key, "application/json", `{}`); w.Code != 200 || seen.Task != g.Task || seen.Principal != g.Principal {
+		t.Fatalf("model call: %d, grant %+v", w.Code, seen)
+	}
+	if w := v1Do(srv, "GET", "/v1/models", key, "", ""); w.Code != 200 {
+		t.Fatalf("models: %d", w.Code)
+	}
+
+	w := v1Do(srv, "POST", "/v1/embeddings", key, "application/json", `{}`)
+	if code, typ := v1Code(t, w); w.Code != 429 || code != CodeBudgetExhausted || typ != "insufficient_quota" {
+		t.Fatalf("budget refusal: %d %s %s", w.Code, code, typ)
+	}
+	ra, _ := strconv.Atoi(w.Header().Get("Retry-After"))
+	if w.Header().Get("X-Should-Retry") != "false" || ra < 85 || ra > 90 ||
+		w.Header().Get("Ratelimit") != `"task";r=0;t=`+strconv.Itoa(ra) {
+		t.Fatalf("task-scoped refusal headers %v", w.Header())
+	}
+
+	fail = &taskkey.LimitError{Err: taskkey.ErrEventLimit, Deadline: time.Now().Add(30 * time.Second), Max: 200}
+	w = v1Do(srv, "POST", "/v1/responses", key, "application/json", `{}`)
+	if code, _ := v1Code(t, w); w.Code != 429 || code != CodeEventLimit || w.Header().Get("Ratelimit-Policy") != `"task";q=200;w=30` {
+		t.Fatalf("limit error: %d %s %v", w.Code, code, w.Header())
+	}
+	fail = errors.New("a bug")
+	w = v1Do(srv, "POST", "/v1/chat/completions", key, "application/json", `{}`)
+	if code, typ := v1Code(t, w); w.Code != 500 || code != CodeInternal || typ != "api_error" {
+		t.Fatalf("unknown error: %d %s %s", w.Code, code, typ)
+	}
+
+	for _, c := range []struct {
+		name, method, path, key, ct, body string
+		status                            int
+		code, typ                         string
+	}{
+		{"no key", "POST", "/v1/chat/completions", "", "application/json", `{}`, 401, CodeInvalidAPIKey, "authentication_error"},
+		{"forged key", "POST", "/v1/chat/completions", key[:len(key)-2] + "AA", "application/json", `{}`, 401, CodeInvalidAPIKey, "authentication_error"},
+		{"other task", "POST", "/v1/tasks/" + task.NewID() + "/events", key, "application/json", `{"name":"a","status":"ok"}`, 401, CodeInvalidAPIKey, "authentication_error"},
+		{"not JSON", "POST", "/v1/chat/completions", key, "text/plain", `{}`, 415, CodeUnsupportedMedia, "invalid_request_error"},
+		{"unknown path", "POST", "/v1/nope", key, "application/json", `{}`, 404, CodeNotFound, "invalid_request_error"},
+		{"bad event", "POST", "/v1/tasks/" + g.Task + "/events", key, "application/json", `{"name":"a"}`, 400, CodeInvalidRequest, "invalid_request_error"},
+		{"bad result", "POST", "/v1/tasks/" + g.Task + "/result", key, "application/json", `{"result":{}}`, 400, CodeInvalidRequest, "invalid_request_error"},
+		{"bad fetch", "POST", "/v1/tools/fetch", key, "application/json", `{"max_bytes":0}`, 400, CodeInvalidRequest, "invalid_request_error"},
+	} {
+		w := v1Do(srv, c.method, c.path, c.key, c.ct, c.body)
+		if code, typ := v1Code(t, w); w.Code != c.status || code != c.code || typ != c.typ {
+			t.Errorf("%s: %d %s %s, want %d %s %s", c.name, w.Code, code, typ, c.status, c.code, c.typ)
+		}
+	}
+}
