@@ -169,13 +169,19 @@ type respItem struct {
 }
 
 func (it *respItem) count(oc *outCounter) {
-	oc.Add(it.Name)
-	oc.Add(it.Arguments)
+	// Each text is a part of its own (kind 0 never equals the last).
+	for _, s := range []string{it.Name, it.Arguments} {
+		oc.cut()
+		oc.Add(s)
+	}
 	for _, p := range it.Content {
+		oc.cut()
 		oc.Add(p.Text)
+		oc.cut()
 		oc.Add(p.Refusal)
 	}
 	for _, p := range it.Summary {
+		oc.cut()
 		oc.Add(p.Text)
 	}
 }
@@ -198,6 +204,8 @@ func (h *Handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call
 	}
 	oc := newOutCounter(a.Model)
 	for _, ch := range ans.Choices {
+		oc.cut()
+		oc.kind = 0
 		ch.Message.count(oc)
 	}
 	for i := range ans.Output {

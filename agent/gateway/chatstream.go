@@ -27,14 +27,18 @@ type chatDelta struct {
 }
 
 func (d *chatDelta) count(oc *outCounter) {
-	for _, s := range []*string{d.Content, d.ReasoningContent, d.Reasoning, d.Refusal} {
-		if s != nil {
-			oc.Add(*s)
+	for i, s := range []*string{d.Content, d.ReasoningContent, d.Reasoning, d.Refusal} {
+		if s != nil && *s != "" {
+			oc.Part(byte(1+i), *s)
 		}
 	}
 	for _, tc := range d.ToolCalls {
-		oc.Add(tc.Function.Name)
-		oc.Add(tc.Function.Arguments)
+		if tc.Function.Name != "" {
+			oc.Part(5, tc.Function.Name)
+		}
+		if tc.Function.Arguments != "" {
+			oc.Part(6, tc.Function.Arguments)
+		}
 	}
 }
 
@@ -92,6 +96,9 @@ func (h *Handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 		var ch chatChunk
 		if json.Unmarshal(data, &ch) != nil {
 			end, brokenReason = endBroken, "an event that is not a chunk"
+			if ctx.Err() != nil {
+				end = endCut
+			}
 			break
 		}
 		if len(ch.Error) > 0 && !isNull(ch.Error) {

@@ -122,6 +122,20 @@ func isDelta(ev *respEvent) (string, bool) {
 	return asString(ev.Delta)
 }
 
+// kindOf tells the texts of a Responses stream apart: the deltas of one
+// event type, item and part continue one text.
+func kindOf(ev *respEvent) byte {
+	h := uint32(2166136261)
+	for _, s := range []string{ev.Type, ev.ItemID} {
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint32(s[i])) * 16777619
+		}
+	}
+	h = (h ^ uint32(ev.OutputIndex)) * 16777619
+	h = (h ^ uint32(ev.ContentIndex)) * 16777619
+	return byte(h) | 1 // never 0
+}
+
 // relayResponses relays a Responses stream event by event.
 func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
 	sw := newSSEWriter(w)
@@ -147,6 +161,9 @@ func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		var ev respEvent
 		if json.Unmarshal(data, &ev) != nil || ev.Type == "" {
 			end, brokenReason = endBroken, "an event that is not a Responses event"
+			if ctx.Err() != nil {
+				end = endCut
+			}
 			break
 		}
 		if ev.Type == "error" || ev.Type == "response.failed" && !sw.started {
@@ -155,9 +172,9 @@ func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		}
 		if d, ok := isDelta(&ev); ok {
 			before := oc.Tokens()
-			oc.Add(d)
+			oc.Part(kindOf(&ev), d)
 			if strings.HasPrefix(ev.Type, "response.reasoning") {
-				reasoning.Add(d)
+				reasoning.Part(kindOf(&ev), d)
 			}
 			if a.MaxOutput > 0 && oc.Tokens() > a.MaxOutput {
 				passed, end = before, endCut

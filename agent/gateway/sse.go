@@ -45,7 +45,9 @@ func (l *lineReader) next() ([]byte, error) {
 			return nil, errLineTooLong
 		}
 		if l.err != nil {
-			if l.start < l.end {
+			// Only a clean end gives up its unterminated last line; a
+			// failed read (the call cancelled mid-line) does not.
+			if l.start < l.end && l.err == io.EOF {
 				line := l.buf[l.start:l.end]
 				l.start = l.end
 				return bytes.TrimSuffix(line, []byte{'\r'}), nil
@@ -104,7 +106,7 @@ func (s *sseReader) next() (sseEvent, error) {
 	for {
 		line, err := s.lr.next()
 		if err != nil {
-			if s.has && !errors.Is(err, errLineTooLong) {
+			if s.has && err == io.EOF {
 				return sseEvent{string(s.name), s.data}, nil
 			}
 			return sseEvent{}, err
