@@ -130,16 +130,15 @@ func (c *outCounter) close() {
 	c.class, c.run = clNone, 0
 }
 
-// windowMin and windowMax bound the recounted window: it is committed
-// at a boundary once it is over windowMin, and anywhere past windowMax.
-const (
-	windowMin = 128
-	windowMax = 1024
-)
+// windowMax bounds the recounted window: it is committed at its last
+// boundary whenever it has one (the window is then one word or so: the
+// tokenizer's cost grows with what it is given), and anywhere past
+// windowMax.
+const windowMax = 1024
 
 func (c *outCounter) addKnown(s string) {
 	c.window = append(c.window, s...)
-	if len(c.window) > windowMin {
+	{
 		k := -1
 		for i := len(c.window) - 2; i > 0; i-- {
 			if c.window[i] == ' ' && isASCIILetter(c.window[i+1]) {
