@@ -202,7 +202,14 @@ func (h *Handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call
 	if err := json.Unmarshal(raw, &ans); err != nil || ans.Error != nil && !isNull(ans.Error) {
 		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer is not a %s result", ErrUpstream, c.kind)
 	}
-	oc := newOutCounter(a.Model)
+	// A report-less answer is settled on this count, so it uses the
+	// model's tokenizer; beside a report it is a check only, and the
+	// bound (far cheaper, never lower) serves.
+	model := a.Model
+	if ans.Usage != nil && !isNull(*ans.Usage) {
+		model = ""
+	}
+	oc := newOutCounter(model)
 	for _, ch := range ans.Choices {
 		oc.cut()
 		oc.kind = 0

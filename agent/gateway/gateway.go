@@ -118,7 +118,9 @@ type Usage struct {
 type Outcome struct {
 	Usage Usage
 	// Counted is this package's own count of the output tokens that passed
-	// to the client.
+	// to the client: with the model's tokenizer (agent/tokens; its bound
+	// where the tokenizer is unknown) for streams and report-less answers,
+	// with the bound, which never counts lower, beside a usage report.
 	Counted int64
 	// Truncated: the stream was cut here (output limit, or the task ended).
 	Truncated bool

@@ -571,6 +571,16 @@ func totalSize(o *object) int {
 
 // appendJSONString appends s as a JSON string (no HTML escaping).
 func appendJSONString(dst []byte, s string) []byte {
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		c := s[i]
+		plain = c >= 0x20 && c < 0x7f && c != '"' && c != '\\'
+	}
+	if plain {
+		dst = append(dst, '"')
+		dst = append(dst, s...)
+		return append(dst, '"')
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
