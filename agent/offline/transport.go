@@ -54,7 +54,7 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{
 		Status:     fmt.Sprintf("%d %s", rw.status, http.StatusText(rw.status)),
 		StatusCode: rw.status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: rw.sent, Body: &pipeBody{pr: pr, stop: stop, cancel: cancel},
+		Header: rw.sent, Body: &pipeBody{pr: pr, ctx: ctx, stop: stop, cancel: cancel},
 		ContentLength: -1, Request: req,
 	}, nil
 }
@@ -92,11 +92,20 @@ func (p *pipeResponse) Flush() {}
 
 type pipeBody struct {
 	pr     *io.PipeReader
+	ctx    context.Context
 	stop   func() bool
 	cancel context.CancelFunc
 }
 
-func (b *pipeBody) Read(p []byte) (int, error) { return b.pr.Read(p) }
+// Read reports a cancelled request as the context's error, as a network
+// transport does, rather than the closed pipe it leaves.
+func (b *pipeBody) Read(p []byte) (int, error) {
+	n, err := b.pr.Read(p)
+	if err != nil && err != io.EOF && b.ctx.Err() != nil {
+		err = b.ctx.Err()
+	}
+	return n, err
+}
 
 func (b *pipeBody) Close() error {
 	b.stop()
