@@ -63,6 +63,8 @@ func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	}
 	switch {
 	case err == nil:
+	case !started.Load() && r.Context().Err() != nil:
+		h.o.WriteError(w, r, fmt.Errorf("%w: %w", ErrCallEnded, err))
 	case !started.Load():
 		h.o.WriteError(w, r, err)
 	default:

@@ -43,6 +43,10 @@ var (
 	// ErrLimitsUnavailable: the per-task limits could not be checked
 	// (Redis failed). 503 demo_protection_unavailable: fail closed.
 	ErrLimitsUnavailable = errors.New("gateway: per-task limits unavailable")
+	// ErrCallEnded: the call's context ended before an answer started —
+	// the task ended (its grant is cancelled) or the client left. 409
+	// task_finished (a client that left reads nothing).
+	ErrCallEnded = errors.New("gateway: the call ended before it was answered")
 	// ErrUpstreamInvalid: the model provider refused the request as
 	// invalid (400, 404, 413, 422). 400 invalid_request. It is the
 	// caller's request, not the provider's health: no breaker failure.

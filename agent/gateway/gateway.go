@@ -32,6 +32,7 @@
 //	ErrStepLimit             429 step_limit                 insufficient_quota (x-should-retry: false)
 //	ErrTooManyCalls          429 too_many_calls             rate_limit_error, Retry-After 1
 //	ErrLimitsUnavailable     503 demo_protection_unavailable api_error
+//	ErrCallEnded             409 task_finished              invalid_request_error
 //	ErrUpstreamInvalid       400 invalid_request            invalid_request_error
 //	ErrUpstream              503 model_unavailable          api_error
 package gateway

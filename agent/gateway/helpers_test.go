@@ -116,6 +116,7 @@ var testErrors = []struct {
 	{ErrStepLimit, 429, "step_limit", "insufficient_quota"},
 	{ErrTooManyCalls, 429, "too_many_calls", "rate_limit_error"},
 	{ErrLimitsUnavailable, 503, "demo_protection_unavailable", "api_error"},
+	{ErrCallEnded, 409, "task_finished", "invalid_request_error"},
 	{ErrUpstreamInvalid, 400, "invalid_request", "invalid_request_error"},
 	{ErrUpstream, 503, "model_unavailable", "api_error"},
 	{errBudget, 429, "demo_budget_exhausted", "insufficient_quota"},

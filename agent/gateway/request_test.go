@@ -201,15 +201,11 @@ func TestForwardPatchesOnlyGovernedFields(t *testing.T) {
 	// A chat stream always asks for usage upstream, keeping the client's
 	// other stream options.
 	e.gov.model = ""
-	resp, _ := e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[],"stream":true,"stream_options":{"include_obfuscation":false}}`)
-	_ = resp
+	e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[],"stream":true,"stream_options":{"include_obfuscation":false}}`)
 	got = up.lastBody(t)
 	so, _ := got["stream_options"].(map[string]any)
 	if so["include_usage"] != true || so["include_obfuscation"] != false {
 		t.Fatalf("stream_options upstream: %v", got["stream_options"])
-	}
-	if h := up.srv.Config.Handler; h == nil {
-		t.Fatal("no upstream")
 	}
 }
 

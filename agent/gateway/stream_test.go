@@ -477,3 +477,30 @@ func TestJSONAnswers(t *testing.T) {
 		t.Fatalf("governor refusal: %d %s", r.StatusCode, b)
 	}
 }
+
+// The task ending before the provider answered: 409 task_finished, and
+// the provider is hung up on.
+func TestTaskEndBeforeAnswer(t *testing.T) {
+	up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) { <-r.Context().Done() })
+	e := newEnv(t, up.upstream(), nil)
+	inner := e.srv.Config.Handler
+	e.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		go func() {
+			// The task ends once the provider holds the call.
+			waitFor(t, "the provider to get the call", func() bool {
+				up.mu.Lock()
+				defer up.mu.Unlock()
+				return len(up.bodies) > 0
+			})
+			cancel()
+		}()
+		inner.ServeHTTP(w, r.WithContext(ctx))
+	})
+	r, b := e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[]}`)
+	if code, _, _ := errorOf(t, b); r.StatusCode != 409 || code != "task_finished" {
+		t.Fatalf("%d %s", r.StatusCode, b)
+	}
+	<-up.gone
+}
