@@ -18,6 +18,7 @@ import (
 
 	"faregate/agent/offline"
 	"faregate/agent/tokens"
+	"faregate/protect/redistest"
 )
 
 // Speed of the endpoint beside its baselines, in one process on the same
@@ -139,6 +140,22 @@ func BenchmarkEndpoint(b *testing.B) {
 	b.Run("direct", func(b *testing.B) { run32(b, s.upstream.URL+"/v1/chat/completions", benchBody, false) })
 	b.Run("proxy", func(b *testing.B) { run32(b, s.proxy.URL+"/v1/chat/completions", benchBody, false) })
 	b.Run("gateway", func(b *testing.B) { run32(b, s.gateway.URL+"/v1/chat/completions", benchBody, false) })
+	// With the per-task limits on a real redis-server: one script before
+	// the call and one after it, as in production (the governor's own
+	// round trips come on top).
+	b.Run("gateway+limits", func(b *testing.B) {
+		redistest.Require(b)
+		rb := redistest.Private(b)
+		h := New(Options{
+			Governor:   passGov{Upstream{BaseURL: s.upstream.URL + "/v1", Client: benchClient()}},
+			Limits:     &RedisLimits{Client: rb.Client, MaxParallel: 64},
+			Task:       func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
+			WriteError: writeTestError,
+		})
+		gw := httptest.NewServer(h)
+		b.Cleanup(gw.Close)
+		run32(b, gw.URL+"/v1/chat/completions", benchBody, false)
+	})
 }
 
 func BenchmarkEndpointStreamFirstEvent(b *testing.B) {

@@ -150,6 +150,7 @@ func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		end          streamEnd
 		brokenReason string
 		terminal     bool
+		failed       bool // the provider's own terminal event was response.failed
 	)
 	for {
 		raw, err := rd.next()
@@ -183,7 +184,7 @@ func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		}
 		switch ev.Type {
 		case "response.completed", "response.incomplete", "response.failed":
-			terminal = true
+			terminal, failed = true, ev.Type == "response.failed"
 			var r struct {
 				Model string           `json:"model"`
 				Usage *json.RawMessage `json:"usage"`
@@ -232,6 +233,10 @@ func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 	out.Started = sw.started
 	if end == endBroken {
 		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, brokenReason)
+	}
+	if failed {
+		// Relayed as the provider sent it; the breaker hears of it.
+		return out, fmt.Errorf("%w: the provider's response failed", ErrUpstream)
 	}
 	return out, nil
 }

@@ -504,3 +504,28 @@ func TestTaskEndBeforeAnswer(t *testing.T) {
 	}
 	<-up.gone
 }
+
+// A provider's own response.failed after the stream started is relayed as
+// sent, and the attempt reports a provider failure for the breaker.
+func TestResponsesProviderFailedRelayed(t *testing.T) {
+	up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		seq := responsesOpening(w)
+		fmt.Fprintf(w, "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":%d,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n", seq)
+		fmt.Fprintf(w, "data: {\"type\":\"response.failed\",\"sequence_number\":%d,\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"x\"},\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n", seq+1)
+	})
+	e := newEnv(t, up.upstream(), nil)
+	stream := e.client.Responses.NewStreaming(context.Background(), responses.ResponseNewParams{Model: testModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("go on")}})
+	var last string
+	for stream.Next() {
+		last = stream.Current().Type
+	}
+	if last != "response.failed" {
+		t.Fatalf("last event %q (err %v)", last, stream.Err())
+	}
+	_, _, out, err := e.gov.last(t)
+	if !errors.Is(err, ErrUpstream) || !out.Started || !out.Usage.Reported || out.Usage.Completion != 1 {
+		t.Fatalf("outcome %+v err %v", out, err)
+	}
+}
