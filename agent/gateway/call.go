@@ -15,7 +15,7 @@ import (
 )
 
 // serveCall answers one governed model call.
-func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind string) {
+func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind string) {
 	body, err := h.readBody(r)
 	if err != nil {
 		h.o.WriteError(w, r, err)
@@ -75,7 +75,7 @@ func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 }
 
 // attempt makes one try on the upstream the governor chose.
-func (h *Handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a Attempt) (Outcome, error) {
+func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a Attempt) (Outcome, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // a relay that stops early hangs up on the provider
 	resp, err := h.send(ctx, c, a)
@@ -100,7 +100,7 @@ var upstreamPath = map[string]string{
 }
 
 // send posts the patched request and checks the status.
-func (h *Handler) send(ctx context.Context, c *call, a Attempt) (*http.Response, error) {
+func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response, error) {
 	u := strings.TrimRight(a.Upstream.BaseURL, "/") + upstreamPath[c.kind]
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(c.body(a)))
 	if err != nil {
@@ -190,7 +190,7 @@ func (it *respItem) count(oc *outCounter) {
 
 // answerJSON relays a non-streamed answer: read within MaxAnswer, checked,
 // counted, and sent on byte for byte.
-func (h *Handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
 	raw, err := readAtMost(body, 16<<10, h.o.MaxAnswer)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -253,7 +253,7 @@ type usageReport struct {
 // reported (clamped into int64; the governor judges whether they are
 // plausible against Counted and its ceiling) with the raw JSON beside
 // them. Without a report the usage is this package's estimate, marked so.
-func (h *Handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
+func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
 	est := Usage{Prompt: c.prompt, Completion: counted}
 	if raw == nil || isNull(*raw) {
 		return est

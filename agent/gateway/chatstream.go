@@ -68,7 +68,7 @@ const (
 )
 
 // relayChat relays a chat completion stream event by event.
-func (h *Handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
 	sw := newSSEWriter(w)
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush

@@ -171,8 +171,8 @@ const (
 	DefaultMaxEvent  = 1 << 20
 )
 
-// Handler serves the model endpoint.
-type Handler struct {
+// handler serves the model endpoint.
+type handler struct {
 	o Options
 }
 
@@ -180,7 +180,7 @@ type Handler struct {
 // sends them: /v1/chat/completions, /v1/responses, /v1/embeddings,
 // /v1/models). It panics when Governor, Task or WriteError is nil: those
 // are wiring, not configuration.
-func New(o Options) *Handler {
+func New(o Options) http.Handler {
 	if o.Governor == nil || o.Task == nil || o.WriteError == nil {
 		panic("gateway: Governor, Task and WriteError are required")
 	}
@@ -199,11 +199,11 @@ func New(o Options) *Handler {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Handler{o: o}
+	return &handler{o: o}
 }
 
 // ServeHTTP routes by path and method.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var kind string
 	method := http.MethodPost
 	switch r.URL.Path {
@@ -241,7 +241,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveModels lists the models the key may use, in OpenAI's list shape.
-func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request, t Task) {
+func (h *handler) serveModels(w http.ResponseWriter, r *http.Request, t Task) {
 	b := []byte(`{"object":"list","data":[`)
 	seen := map[string]bool{}
 	add := func(m string) {
@@ -266,7 +266,7 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request, t Task) {
 
 // readBody reads a JSON body of at most MaxBody bytes: refused from the
 // headers when Content-Length says more, by a bounded read otherwise.
-func (h *Handler) readBody(r *http.Request) ([]byte, error) {
+func (h *handler) readBody(r *http.Request) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {

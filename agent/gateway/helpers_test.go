@@ -266,3 +266,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func asAPIError(err error, target **openai.Error) bool { return errors.As(err, target) }
+
+// retryAfterOf is the Retry-After an error carries, as the api writer reads it.
+func retryAfterOf(err error) (time.Duration, bool) {
+	var re interface{ RetryAfter() time.Duration }
+	if errors.As(err, &re) {
+		return re.RetryAfter(), true
+	}
+	return 0, false
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -43,8 +42,11 @@ type RedisLimits struct {
 	Now func() time.Time
 }
 
-// CallsKey and InflightKey are the task's limit keys.
-func CallsKey(taskID string) string    { return "faregate:task:{" + taskID + "}:v1:calls" }
+// CallsKey is the counter of a task's model calls.
+func CallsKey(taskID string) string { return "faregate:task:{" + taskID + "}:v1:calls" }
+
+// InflightKey is the sorted set of a task's calls in flight, scored by
+// their lease's expiry (ms).
 func InflightKey(taskID string) string { return "faregate:task:{" + taskID + "}:v1:inflight" }
 
 // limitsAcquire: KEYS calls, inflight; ARGV lease ms, max calls, max
@@ -176,13 +178,4 @@ func untilDeadline(t Task, now time.Time) time.Duration {
 		return time.Hour
 	}
 	return max(t.Deadline.Sub(now), time.Second)
-}
-
-// errRetry is for tests and callers that want the Retry-After.
-func retryAfterOf(err error) (time.Duration, bool) {
-	var re interface{ RetryAfter() time.Duration }
-	if errors.As(err, &re) {
-		return re.RetryAfter(), true
-	}
-	return 0, false
 }

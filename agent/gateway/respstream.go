@@ -137,7 +137,7 @@ func kindOf(ev *respEvent) byte {
 }
 
 // relayResponses relays a Responses stream event by event.
-func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
 	sw := newSSEWriter(w)
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
@@ -246,7 +246,7 @@ func (h *Handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 // response.incomplete (cut: status "incomplete", reason
 // max_output_tokens) or response.failed (the provider broke off), whose
 // response carries the output so far and the usage charged.
-func (h *Handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage, reasoningTokens int64, status string) {
+func (h *handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage, reasoningTokens int64, status string) {
 	next := func(typ string, fields ...field) {
 		st.seq++
 		o := &object{}
