@@ -276,7 +276,9 @@ func (h *handler) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > h.o.MaxBody {
 		return nil, ErrTooLarge
 	}
-	size := h.o.MaxBody + 1
+	// A chunked body starts small and grows as it comes: the bound is
+	// on what is sent, not an allocation every request makes up front.
+	size := int64(16 << 10)
 	if r.ContentLength >= 0 {
 		size = r.ContentLength + 1
 	}
