@@ -28,7 +28,10 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify
 	httpClient := &http.Client{Timeout: cfg.LLMTimeout}
 	var ms agent.Models
 	if cfg.LLMBaseURL == "" {
-		ms.Primary = agent.Model{Model: offline.New(), Name: offline.ModelName, Offline: true}
+		// The offline model answers the model endpoint too, through an
+		// in-process transport, so its relay is the same as a provider's.
+		ms.Primary = agent.Model{Model: offline.New(), Name: offline.ModelName, Offline: true,
+			BaseURL: offline.BaseURL, HTTPClient: offline.Client()}
 	} else {
 		m, err := openai.New(openai.Options{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel,
 			LegacyMaxTokens: cfg.LLMLegacyMaxTokens, HTTPClient: httpClient})

@@ -1,0 +1,331 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// serveCall answers one governed model call.
+func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind string) {
+	body, err := h.readBody(r)
+	if err != nil {
+		h.o.WriteError(w, r, err)
+		return
+	}
+	c, err := parseCall(kind, body, h.o.EmbeddingModel)
+	if err != nil {
+		h.o.WriteError(w, r, err)
+		return
+	}
+	if kind != KindEmbeddings && !slices.Contains(t.Models, c.model) {
+		h.o.WriteError(w, r, ErrModelNotAllowed)
+		return
+	}
+	// Embeddings are not model calls in FAREGATE_AGENT_MAX_CALLS' sense
+	// (the contract); their tokens are governed like any other.
+	var release func(bool)
+	if kind != KindEmbeddings && h.o.Limits != nil {
+		if release, err = h.o.Limits.Acquire(r.Context(), t); err != nil {
+			h.o.WriteError(w, r, err)
+			return
+		}
+	}
+	spec := Spec{TaskID: t.ID, Principal: t.Principal, Tier: t.Tier, Kind: kind,
+		Model: c.model, PromptTokens: c.prompt, MaxOutput: c.maxOut, Stream: c.stream}
+	if h.o.RequestID != nil {
+		spec.RequestID = h.o.RequestID(r)
+	}
+	var used, started atomic.Bool
+	_, err = h.o.Governor.Call(r.Context(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
+		used.Store(true)
+		if started.Load() {
+			// A governor that retries after bytes reached the client
+			// would send a second answer into the first.
+			return Outcome{Started: true}, fmt.Errorf("%w: attempt after the answer started", ErrUpstream)
+		}
+		out, err := h.attempt(ctx, w, c, a)
+		if out.Started {
+			started.Store(true)
+		}
+		return out, err
+	})
+	if release != nil {
+		release(used.Load())
+	}
+	switch {
+	case err == nil:
+	case !started.Load() && r.Context().Err() != nil:
+		h.o.WriteError(w, r, fmt.Errorf("%w: %w", ErrCallEnded, err))
+	case !started.Load():
+		h.o.WriteError(w, r, err)
+	default:
+		// The answer went out and was ended well formed; what is left is
+		// for the ledger and the breaker, which the governor has.
+		h.o.Logger.Debug("gateway: call ended after the answer started", "task", t.ID, "err", err)
+	}
+}
+
+// attempt makes one try on the upstream the governor chose.
+func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a Attempt) (Outcome, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // a relay that stops early hangs up on the provider
+	resp, err := h.send(ctx, c, a)
+	if err != nil {
+		return Outcome{}, err
+	}
+	defer resp.Body.Close()
+	switch {
+	case c.stream && c.kind == KindChat:
+		return h.relayChat(ctx, w, c, a, resp.Body)
+	case c.stream:
+		return h.relayResponses(ctx, w, c, a, resp.Body)
+	}
+	return h.answerJSON(ctx, w, c, a, resp.Body)
+}
+
+// upstreamPath is the provider path of each kind, under its base URL.
+var upstreamPath = map[string]string{
+	KindChat:       "/chat/completions",
+	KindResponses:  "/responses",
+	KindEmbeddings: "/embeddings",
+}
+
+// send posts the patched request and checks the status.
+func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response, error) {
+	u := strings.TrimRight(a.Upstream.BaseURL, "/") + upstreamPath[c.kind]
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(c.body(a)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.stream {
+		req.Header.Set("Accept", "text/event-stream")
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
+	if a.Upstream.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+a.Upstream.APIKey)
+	}
+	client := a.Upstream.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	// The provider's error text is not relayed: it is about our
+	// credentials or our provider as often as about the request.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	ue := &UpstreamError{Status: resp.StatusCode, err: ErrUpstream}
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		ue.err = ErrUpstreamInvalid
+	}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		ue.After = time.Duration(min(s, 60)) * time.Second
+	}
+	return nil, ue
+}
+
+// answer is what a non-streamed answer is read for: usage and the output
+// to count (chat, responses and embeddings alike; absent parts are empty).
+type answer struct {
+	Model   string `json:"model"`
+	Choices []struct {
+		Message chatDelta `json:"message"`
+	} `json:"choices"`
+	Output []respItem       `json:"output"`
+	Usage  *json.RawMessage `json:"usage"`
+	Error  json.RawMessage  `json:"error"`
+}
+
+// respItem is an output item of a Responses answer.
+type respItem struct {
+	Type      string `json:"type"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+	Content   []struct {
+		Text    string `json:"text"`
+		Refusal string `json:"refusal"`
+	} `json:"content"`
+	Summary []struct {
+		Text string `json:"text"`
+	} `json:"summary"`
+}
+
+func (it *respItem) count(oc *outCounter) {
+	// Each text is a part of its own (kind 0 never equals the last).
+	for _, s := range []string{it.Name, it.Arguments} {
+		oc.cut()
+		oc.Add(s)
+	}
+	for _, p := range it.Content {
+		oc.cut()
+		oc.Add(p.Text)
+		oc.cut()
+		oc.Add(p.Refusal)
+	}
+	for _, p := range it.Summary {
+		oc.cut()
+		oc.Add(p.Text)
+	}
+}
+
+// answerJSON relays a non-streamed answer: read within MaxAnswer, checked,
+// counted, and sent on byte for byte.
+func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+	raw, err := readAtMost(body, 16<<10, h.o.MaxAnswer)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Outcome{}, ctx.Err()
+		}
+		// An answer past the bound may have cost up to the limit; nothing
+		// of it passed.
+		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer: %v", ErrUpstream, err)
+	}
+	var ans answer
+	if err := json.Unmarshal(raw, &ans); err != nil || ans.Error != nil && !isNull(ans.Error) {
+		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer is not a %s result", ErrUpstream, c.kind)
+	}
+	// A report-less answer is settled on this count, so it uses the
+	// model's tokenizer; beside a report it is a check only, and the
+	// bound (far cheaper, never lower) serves.
+	model := a.Model
+	if ans.Usage != nil && !isNull(*ans.Usage) {
+		model = ""
+	}
+	oc := newOutCounter(model)
+	for _, ch := range ans.Choices {
+		oc.cut()
+		oc.kind = 0
+		ch.Message.count(oc)
+	}
+	for i := range ans.Output {
+		ans.Output[i].count(oc)
+	}
+	out := Outcome{Counted: oc.Tokens(), Model: boundedName(ans.Model)}
+	out.Usage = h.usage(c, ans.Usage, out.Counted)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+	w.WriteHeader(http.StatusOK)
+	out.Started = true
+	if _, err := w.Write(raw); err == nil {
+		// Out before the governor settles: the client's latency does not
+		// include the ledger's round trip.
+		_ = http.NewResponseController(w).Flush()
+	}
+	return out, nil
+}
+
+// usageReport is every usage shape: chat and embeddings (prompt_tokens,
+// completion_tokens), Responses (input_tokens, output_tokens).
+type usageReport struct {
+	PromptTokens     *float64 `json:"prompt_tokens"`
+	CompletionTokens *float64 `json:"completion_tokens"`
+	InputTokens      *float64 `json:"input_tokens"`
+	OutputTokens     *float64 `json:"output_tokens"`
+	CompletionDetail struct {
+		Reasoning *float64 `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details"`
+	OutputDetail struct {
+		Reasoning *float64 `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+}
+
+// usage reads a provider's usage object. Numbers are passed on as
+// reported (clamped into int64; the governor judges whether they are
+// plausible against Counted and its ceiling) with the raw JSON beside
+// them. Without a report the usage is this package's estimate, marked so.
+func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
+	est := Usage{Prompt: c.prompt, Completion: counted}
+	if raw == nil || isNull(*raw) {
+		return est
+	}
+	var u usageReport
+	if json.Unmarshal(*raw, &u) != nil {
+		est.Raw = boundedRaw(*raw)
+		return est
+	}
+	pick := func(a, b *float64) (int64, bool) {
+		if a == nil {
+			a = b
+		}
+		if a == nil {
+			return 0, false
+		}
+		return clampInt(*a), true
+	}
+	p, okP := pick(u.PromptTokens, u.InputTokens)
+	o, okO := pick(u.CompletionTokens, u.OutputTokens)
+	if c.kind == KindEmbeddings {
+		okO = true
+	}
+	if !okP || !okO {
+		est.Raw = boundedRaw(*raw)
+		return est
+	}
+	// Reasoning is output; a provider that reports more reasoning than
+	// output has left it out of the output count.
+	if r, ok := pick(u.CompletionDetail.Reasoning, u.OutputDetail.Reasoning); ok && r > o {
+		o = satAdd(o, r)
+	}
+	return Usage{Prompt: p, Completion: o, Reported: true, Raw: boundedRaw(*raw)}
+}
+
+// clampInt turns a reported number into int64 without overflow; a
+// fraction is rounded up, NaN is 0.
+func clampInt(f float64) int64 {
+	switch {
+	case f != f:
+		return 0
+	case f >= 1<<62:
+		return 1 << 62
+	case f <= -(1 << 62):
+		return -(1 << 62)
+	}
+	n := int64(f)
+	if float64(n) < f {
+		n++
+	}
+	return n
+}
+
+func satAdd(a, b int64) int64 {
+	if a > 0 && b > (1<<62)-a {
+		return 1 << 62
+	}
+	return a + b
+}
+
+// boundedRaw keeps at most 4 KiB of a raw usage report for the ledger.
+func boundedRaw(b []byte) string {
+	if len(b) > 4<<10 {
+		b = b[:4<<10]
+	}
+	return string(b)
+}
+
+// boundedName keeps a provider-reported model name short.
+func boundedName(s string) string {
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}

@@ -1,0 +1,593 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"faregate/agent/tokens"
+)
+
+// field is one member of a JSON object, its value exactly as received.
+type field struct {
+	key string
+	raw json.RawMessage
+}
+
+// object is a JSON object with its members in the order received. Patching
+// one member leaves every other byte of the others as it was.
+type object struct{ fields []field }
+
+// parseObject reads a JSON object, refusing anything else, trailing data
+// and a member name given twice (a provider might read the first where we
+// read the last: what we check must be what it gets).
+func parseObject(b []byte, name string) (*object, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, invalid(name, "must be a JSON object")
+	}
+	o := &object{}
+	seen := make(map[string]struct{}, 16)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, invalid(name, "is not valid JSON")
+		}
+		key, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, invalid(name, "is not valid JSON")
+		}
+		if _, dup := seen[key]; dup {
+			return nil, invalid(joinField(name, key), "appears more than once")
+		}
+		seen[key] = struct{}{}
+		o.fields = append(o.fields, field{key, raw})
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, invalid(name, "is not valid JSON")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, invalid(name, "has data after the JSON object")
+	}
+	return o, nil
+}
+
+func joinField(parent, key string) string {
+	if parent == "body" || parent == "" {
+		return key
+	}
+	return parent + "." + key
+}
+
+// get returns a member's raw value; a JSON null counts as absent.
+func (o *object) get(key string) (json.RawMessage, bool) {
+	for _, f := range o.fields {
+		if f.key == key {
+			if isNull(f.raw) {
+				return nil, false
+			}
+			return f.raw, true
+		}
+	}
+	return nil, false
+}
+
+// encode writes the object with the members of set replacing (or, when
+// absent, appended after) the received ones.
+func (o *object) encode(dst []byte, set []field) []byte {
+	dst = append(dst, '{')
+	n := 0
+	put := func(k string, v []byte) {
+		if n > 0 {
+			dst = append(dst, ',')
+		}
+		n++
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+		dst = append(dst, v...)
+	}
+	done := make([]bool, len(set))
+	for _, f := range o.fields {
+		v := []byte(f.raw)
+		for i, s := range set {
+			if s.key == f.key {
+				v, done[i] = s.raw, true
+			}
+		}
+		put(f.key, v)
+	}
+	for i, s := range set {
+		if !done[i] {
+			put(s.key, s.raw)
+		}
+	}
+	return append(dst, '}')
+}
+
+func isNull(raw []byte) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+func asString(raw []byte) (string, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// asInt reads a JSON integer in [math.MinInt64, math.MaxInt64]; 1e3 and
+// 1000.0 are integers too, as JSON numbers are.
+func asInt(raw []byte) (int64, bool) {
+	s := string(bytes.TrimSpace(raw))
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f != math.Trunc(f) || math.Abs(f) >= 1<<62 {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// call is a parsed, checked request.
+type call struct {
+	kind   string
+	obj    *object
+	model  string
+	stream bool
+	// includeUsage: the client asked for the usage chunk of a chat stream.
+	includeUsage bool
+	// streamOptions is the client's stream_options object (chat).
+	streamOptions *object
+	// maxOut is the client's output limit (0 = none); limitFields names
+	// the limit fields the request carried.
+	maxOut      int64
+	limitFields []string
+	prompt      int64
+	counter     tokens.Counter
+}
+
+// The most output a client may ask for; above it the number is nonsense
+// and refused (the attempt's limit is far lower anyway).
+const maxOutputAsked = 1 << 40
+
+// parseCall checks a request body of kind.
+func parseCall(kind string, body []byte, embeddingModel string) (*call, error) {
+	o, err := parseObject(body, "body")
+	if err != nil {
+		return nil, err
+	}
+	c := &call{kind: kind, obj: o}
+	raw, ok := o.get("model")
+	if !ok {
+		return nil, invalid("model", "is required")
+	}
+	if c.model, ok = asString(raw); !ok || c.model == "" {
+		return nil, invalid("model", "must be a non-empty string")
+	}
+	c.counter = tokens.ForModel(c.model)
+	if kind == KindEmbeddings {
+		if c.model != embeddingModel {
+			return nil, ErrModelNotAllowed
+		}
+		c.prompt, err = c.embeddingInput()
+		return c, err
+	}
+	if raw, ok := o.get("stream"); ok {
+		switch string(bytes.TrimSpace(raw)) {
+		case "true":
+			c.stream = true
+		case "false":
+		default:
+			return nil, invalid("stream", "must be a boolean")
+		}
+	}
+	if err := c.refuseCostly(); err != nil {
+		return nil, err
+	}
+	limits := []string{"max_tokens", "max_completion_tokens"}
+	if kind == KindResponses {
+		limits = []string{"max_output_tokens"}
+	}
+	for _, name := range limits {
+		raw, ok := o.get(name)
+		if !ok {
+			continue
+		}
+		n, ok := asInt(raw)
+		if !ok || n < 1 || n > maxOutputAsked {
+			return nil, invalid(name, "must be a positive integer")
+		}
+		c.limitFields = append(c.limitFields, name)
+		if c.maxOut == 0 || n < c.maxOut {
+			c.maxOut = n
+		}
+	}
+	if kind == KindChat && c.stream {
+		c.streamOptions = &object{}
+		if raw, ok := o.get("stream_options"); ok {
+			if c.streamOptions, err = parseObject(raw, "stream_options"); err != nil {
+				return nil, err
+			}
+			if v, ok := c.streamOptions.get("include_usage"); ok {
+				switch string(bytes.TrimSpace(v)) {
+				case "true":
+					c.includeUsage = true
+				case "false":
+				default:
+					return nil, invalid("stream_options.include_usage", "must be a boolean")
+				}
+			}
+		}
+	}
+	if kind == KindChat {
+		c.prompt, err = c.chatPrompt()
+	} else {
+		c.prompt, err = c.responsesPrompt()
+	}
+	return c, err
+}
+
+// refuseCostly refuses the fields whose cost a reservation cannot see:
+// more than one choice, priority tiers, audio output, server-side state
+// (earlier responses, conversations, stored prompts, background runs) and
+// hosted tools (web search, file search, code interpreter, MCP, …) that
+// the provider bills besides tokens.
+func (c *call) refuseCostly() error {
+	o := c.obj
+	if raw, ok := o.get("n"); ok {
+		if n, ok := asInt(raw); !ok || n != 1 {
+			return unsupported("n", "only n=1 is served")
+		}
+	}
+	if raw, ok := o.get("service_tier"); ok {
+		if s, ok := asString(raw); !ok || (s != "auto" && s != "default") {
+			return unsupported("service_tier", "only auto or default is served")
+		}
+	}
+	if raw, ok := o.get("modalities"); ok {
+		var mods []string
+		if json.Unmarshal(raw, &mods) != nil {
+			return invalid("modalities", "must be an array of strings")
+		}
+		for _, m := range mods {
+			if m != "text" {
+				return unsupported("modalities", "only text output is served")
+			}
+		}
+	}
+	if _, ok := o.get("audio"); ok {
+		return unsupported("audio", "audio output is not served")
+	}
+	switch c.kind {
+	case KindChat:
+		if _, ok := o.get("web_search_options"); ok {
+			return unsupported("web_search_options", "hosted web search is not served")
+		}
+	case KindResponses:
+		if raw, ok := o.get("background"); ok && string(bytes.TrimSpace(raw)) != "false" {
+			return unsupported("background", "background responses are not served")
+		}
+		if raw, ok := o.get("previous_response_id"); ok {
+			if s, isStr := asString(raw); !isStr || s != "" {
+				return unsupported("previous_response_id", "send the conversation in input instead")
+			}
+		}
+		if _, ok := o.get("conversation"); ok {
+			return unsupported("conversation", "send the conversation in input instead")
+		}
+		if _, ok := o.get("prompt"); ok {
+			return unsupported("prompt", "stored prompts are not served; send instructions and input")
+		}
+	}
+	raw, ok := o.get("tools")
+	if !ok {
+		return nil
+	}
+	var tools []map[string]json.RawMessage
+	if json.Unmarshal(raw, &tools) != nil {
+		return invalid("tools", "must be an array of objects")
+	}
+	for i, t := range tools {
+		typ, _ := asString(t["type"])
+		if typ != "function" {
+			return unsupported("tools["+strconv.Itoa(i)+"].type", "only function tools are served")
+		}
+	}
+	return nil
+}
+
+// Allowances for prompt parts that are not text: the most an image costs
+// on OpenAI's vision models (gpt-4.1-mini's 1536 patches), and a file
+// part's extracted text beyond its JSON (unknown: the raw JSON is counted
+// on top).
+const (
+	imageTokens = 1536
+	fileTokens  = 1536
+)
+
+type chatMessage struct {
+	Role      string          `json:"role"`
+	Name      string          `json:"name"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls []struct {
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+// chatPrompt counts the prompt of a chat completion request with the
+// model's tokenizer (or its bound), the way agent/tokens counts the
+// built-in agent's.
+func (c *call) chatPrompt() (int64, error) {
+	raw, ok := c.obj.get("messages")
+	if !ok {
+		return 0, invalid("messages", "is required")
+	}
+	var msgs []chatMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return 0, invalid("messages", "must be an array of messages")
+	}
+	tm := make([]tokens.Message, 0, len(msgs))
+	var extra int64
+	for _, m := range msgs {
+		text, more := c.contentText(m.Content)
+		extra += more
+		t := tokens.Message{Role: m.Role, Name: m.Name, Content: text}
+		for _, tc := range m.ToolCalls {
+			t.ToolCalls = append(t.ToolCalls, tokens.ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		}
+		tm = append(tm, t)
+	}
+	toolsJSON := ""
+	if raw, ok := c.obj.get("tools"); ok {
+		toolsJSON = string(raw)
+	}
+	n := c.counter.Chat(tm, toolsJSON)
+	// Structured output schemas and legacy functions reach the model as
+	// text; their JSON is counted as it is, which errs high.
+	for _, k := range []string{"functions", "response_format"} {
+		if raw, ok := c.obj.get(k); ok {
+			n += c.counter.Count(string(raw))
+		}
+	}
+	return n + extra, nil
+}
+
+// contentText is the text of a message's content (a string or an array of
+// parts) and the tokens of its other parts: images and files at their
+// allowance plus their JSON, anything unknown at its JSON.
+func (c *call) contentText(raw json.RawMessage) (string, int64) {
+	if len(raw) == 0 || isNull(raw) {
+		return "", 0
+	}
+	if s, ok := asString(raw); ok {
+		return s, 0
+	}
+	var parts []map[string]json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil {
+		return "", c.counter.Count(string(raw))
+	}
+	var b strings.Builder
+	var extra int64
+	for _, p := range parts {
+		typ, _ := asString(p["type"])
+		switch typ {
+		case "text", "input_text", "output_text", "refusal":
+			key := "text"
+			if typ == "refusal" {
+				key = "refusal"
+			}
+			if s, ok := asString(p[key]); ok {
+				b.WriteString(s)
+				continue
+			}
+		case "image_url", "input_image":
+			extra += imageTokens
+		case "file", "input_file":
+			extra += fileTokens
+		}
+		raw, _ := json.Marshal(p)
+		extra += c.counter.Count(string(raw))
+	}
+	return b.String(), extra
+}
+
+// responsesPrompt counts the prompt of a Responses request: instructions,
+// input (a string or items) and the function tools in the chat form the
+// tokenizer's tool rendering knows.
+func (c *call) responsesPrompt() (int64, error) {
+	var tm []tokens.Message
+	var extra int64
+	if raw, ok := c.obj.get("instructions"); ok {
+		s, isStr := asString(raw)
+		if !isStr {
+			return 0, invalid("instructions", "must be a string")
+		}
+		tm = append(tm, tokens.Message{Role: "system", Content: s})
+	}
+	raw, ok := c.obj.get("input")
+	if !ok {
+		return 0, invalid("input", "is required")
+	}
+	if s, isStr := asString(raw); isStr {
+		tm = append(tm, tokens.Message{Role: "user", Content: s})
+	} else {
+		var items []map[string]json.RawMessage
+		if json.Unmarshal(raw, &items) != nil {
+			return 0, invalid("input", "must be a string or an array of items")
+		}
+		for _, it := range items {
+			typ, _ := asString(it["type"])
+			role, _ := asString(it["role"])
+			switch {
+			case typ == "function_call":
+				name, _ := asString(it["name"])
+				args, _ := asString(it["arguments"])
+				tm = append(tm, tokens.Message{Role: "assistant", ToolCalls: []tokens.ToolCall{{Name: name, Arguments: args}}})
+			case typ == "function_call_output":
+				text, more := c.contentText(it["output"])
+				extra += more
+				tm = append(tm, tokens.Message{Role: "tool", Content: text})
+			case role != "" && (typ == "" || typ == "message"):
+				text, more := c.contentText(it["content"])
+				extra += more
+				tm = append(tm, tokens.Message{Role: role, Content: text})
+			default:
+				// Reasoning items, item references and kinds this
+				// package does not know: their JSON, which errs high.
+				b, _ := json.Marshal(it)
+				extra += c.counter.Count(string(b))
+			}
+		}
+	}
+	toolsJSON := ""
+	if raw, ok := c.obj.get("tools"); ok {
+		toolsJSON = chatTools(raw)
+	}
+	n := c.counter.Chat(tm, toolsJSON)
+	if raw, ok := c.obj.get("text"); ok {
+		n += c.counter.Count(string(raw)) // a structured output schema
+	}
+	return n + extra, nil
+}
+
+// chatTools rewrites Responses function tools ({"type","name",
+// "description","parameters"}) into the chat form ({"type","function":{…}})
+// agent/tokens renders.
+func chatTools(raw json.RawMessage) string {
+	var tools []map[string]json.RawMessage
+	if json.Unmarshal(raw, &tools) != nil {
+		return string(raw)
+	}
+	type fn struct {
+		Name        json.RawMessage `json:"name,omitempty"`
+		Description json.RawMessage `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+	}
+	type tool struct {
+		Type     string `json:"type"`
+		Function fn     `json:"function"`
+	}
+	out := make([]tool, len(tools))
+	for i, t := range tools {
+		out[i] = tool{Type: "function", Function: fn{t["name"], t["description"], t["parameters"]}}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return string(raw)
+	}
+	return string(b)
+}
+
+// embeddingInput counts an embeddings request's input: a string, strings,
+// or token arrays (one token per integer).
+func (c *call) embeddingInput() (int64, error) {
+	raw, ok := c.obj.get("input")
+	if !ok {
+		return 0, invalid("input", "is required")
+	}
+	if s, ok := asString(raw); ok {
+		return c.counter.Count(s), nil
+	}
+	var strs []string
+	if json.Unmarshal(raw, &strs) == nil {
+		var n int64
+		for _, s := range strs {
+			n += c.counter.Count(s)
+		}
+		return n, nil
+	}
+	var ints []int64
+	if json.Unmarshal(raw, &ints) == nil {
+		return int64(len(ints)), nil
+	}
+	var arrays [][]int64
+	if json.Unmarshal(raw, &arrays) == nil {
+		var n int64
+		for _, a := range arrays {
+			n += int64(len(a))
+		}
+		return n, nil
+	}
+	return 0, invalid("input", "must be a string, strings or token arrays")
+}
+
+// body is the request as sent upstream on attempt a: the attempt's model,
+// the output limit clamped to the attempt's (set when the client gave
+// none), and for chat streams stream_options.include_usage.
+func (c *call) body(a Attempt) []byte {
+	set := []field{{"model", json.RawMessage(appendJSONString(nil, a.Model))}}
+	if c.kind != KindEmbeddings && a.MaxOutput > 0 {
+		limit := a.MaxOutput
+		if c.kind == KindResponses && tokens.EncodingFor(a.Model) != tokens.Bound && limit < 16 {
+			// OpenAI refuses max_output_tokens under 16; the stream is
+			// still cut at the attempt's limit.
+			limit = 16
+		}
+		v := json.RawMessage(strconv.AppendInt(nil, limit, 10))
+		fields := c.limitFields
+		if len(fields) == 0 {
+			fields = []string{c.defaultLimitField(a.Model)}
+		}
+		for _, f := range fields {
+			set = append(set, field{f, v})
+		}
+	}
+	if c.streamOptions != nil {
+		so := c.streamOptions.encode(nil, []field{{"include_usage", json.RawMessage("true")}})
+		set = append(set, field{"stream_options", so})
+	}
+	return c.obj.encode(make([]byte, 0, 256+totalSize(c.obj)), set)
+}
+
+// defaultLimitField is the output limit to add when the client sent none:
+// OpenAI's own models take max_completion_tokens (its reasoning models
+// refuse max_tokens); the other OpenAI-compatible servers (vLLM, Ollama,
+// llama.cpp) all read max_tokens.
+func (c *call) defaultLimitField(model string) string {
+	if c.kind == KindResponses {
+		return "max_output_tokens"
+	}
+	if tokens.EncodingFor(model) != tokens.Bound {
+		return "max_completion_tokens"
+	}
+	return "max_tokens"
+}
+
+func totalSize(o *object) int {
+	n := 0
+	for _, f := range o.fields {
+		n += len(f.key) + len(f.raw) + 4
+	}
+	return n
+}
+
+// appendJSONString appends s as a JSON string (no HTML escaping).
+func appendJSONString(dst []byte, s string) []byte {
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		c := s[i]
+		plain = c >= 0x20 && c < 0x7f && c != '"' && c != '\\'
+	}
+	if plain {
+		dst = append(dst, '"')
+		dst = append(dst, s...)
+		return append(dst, '"')
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		return append(dst, `""`...)
+	}
+	return append(dst, bytes.TrimRight(b.Bytes(), "\n")...)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,230 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func okUpstream(t *testing.T) *scripted {
+	return newScripted(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`)
+	})
+}
+
+func errorOf(t *testing.T, body string) (code, typ, param string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Code, Type string
+			Param      *string
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatalf("not an error body: %q", body)
+	}
+	if e.Error.Param != nil {
+		param = *e.Error.Param
+	}
+	return e.Error.Code, e.Error.Type, param
+}
+
+// Every field that changes the cost in a way a reservation cannot see is
+// refused before the governor or the provider hears of the call.
+func TestRefusedParameters(t *testing.T) {
+	up := okUpstream(t)
+	e := newEnv(t, up.upstream(), nil)
+	chat := `"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]`
+	resp := `"model":"gpt-4o-mini","input":"hi"`
+	cases := []struct {
+		name, path, body, status, code, param string
+	}{
+		{"n=2", "/v1/chat/completions", `{` + chat + `,"n":2}`, "400", "unsupported_parameter", "n"},
+		{"n=1.5", "/v1/chat/completions", `{` + chat + `,"n":1.5}`, "400", "unsupported_parameter", "n"},
+		{"service_tier priority", "/v1/chat/completions", `{` + chat + `,"service_tier":"priority"}`, "400", "unsupported_parameter", "service_tier"},
+		{"service_tier flex", "/v1/responses", `{` + resp + `,"service_tier":"flex"}`, "400", "unsupported_parameter", "service_tier"},
+		{"audio modality", "/v1/chat/completions", `{` + chat + `,"modalities":["text","audio"]}`, "400", "unsupported_parameter", "modalities"},
+		{"audio", "/v1/chat/completions", `{` + chat + `,"audio":{"voice":"alloy","format":"wav"}}`, "400", "unsupported_parameter", "audio"},
+		{"web search tool", "/v1/chat/completions", `{` + chat + `,"tools":[{"type":"function","function":{"name":"f"}},{"type":"custom","custom":{"name":"g"}}]}`, "400", "unsupported_parameter", "tools[1].type"},
+		{"web_search_options", "/v1/chat/completions", `{` + chat + `,"web_search_options":{}}`, "400", "unsupported_parameter", "web_search_options"},
+		{"background", "/v1/responses", `{` + resp + `,"background":true}`, "400", "unsupported_parameter", "background"},
+		{"previous_response_id", "/v1/responses", `{` + resp + `,"previous_response_id":"resp_1"}`, "400", "unsupported_parameter", "previous_response_id"},
+		{"conversation", "/v1/responses", `{` + resp + `,"conversation":"conv_1"}`, "400", "unsupported_parameter", "conversation"},
+		{"stored prompt", "/v1/responses", `{` + resp + `,"prompt":{"id":"pmpt_1"}}`, "400", "unsupported_parameter", "prompt"},
+		{"hosted tool", "/v1/responses", `{` + resp + `,"tools":[{"type":"web_search"}]}`, "400", "unsupported_parameter", "tools[0].type"},
+		{"mcp tool", "/v1/responses", `{` + resp + `,"tools":[{"type":"function","name":"f"},{"type":"mcp","server_url":"https://x"}]}`, "400", "unsupported_parameter", "tools[1].type"},
+		{"unknown model", "/v1/chat/completions", `{"model":"gpt-5-pro","messages":[]}`, "400", "model_not_allowed", ""},
+		{"unknown model responses", "/v1/responses", `{"model":"o3","input":"x"}`, "400", "model_not_allowed", ""},
+		{"malformed JSON", "/v1/chat/completions", `{"model":"gpt-4o-mini",`, "400", "invalid_request", "body"},
+		{"not an object", "/v1/chat/completions", `[1,2]`, "400", "invalid_request", "body"},
+		{"trailing data", "/v1/chat/completions", `{` + chat + `}{}`, "400", "invalid_request", "body"},
+		{"duplicate model", "/v1/chat/completions", `{` + chat + `,"model":"gpt-5-pro"}`, "400", "invalid_request", "model"},
+		{"duplicate stream_options key", "/v1/chat/completions", `{` + chat + `,"stream":true,"stream_options":{"include_usage":false,"include_usage":true}}`, "400", "invalid_request", "stream_options.include_usage"},
+		{"no model", "/v1/chat/completions", `{"messages":[]}`, "400", "invalid_request", "model"},
+		{"no messages", "/v1/chat/completions", `{"model":"gpt-4o-mini"}`, "400", "invalid_request", "messages"},
+		{"max_tokens zero", "/v1/chat/completions", `{` + chat + `,"max_tokens":0}`, "400", "invalid_request", "max_tokens"},
+		{"max_tokens huge", "/v1/chat/completions", `{` + chat + `,"max_completion_tokens":1e300}`, "400", "invalid_request", "max_completion_tokens"},
+		{"max_output_tokens text", "/v1/responses", `{` + resp + `,"max_output_tokens":"10"}`, "400", "invalid_request", "max_output_tokens"},
+		{"stream not bool", "/v1/chat/completions", `{` + chat + `,"stream":"yes"}`, "400", "invalid_request", "stream"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, body := e.post(t, c.path, c.body)
+			code, typ, param := errorOf(t, body)
+			if fmt.Sprint(r.StatusCode) != c.status || code != c.code || param != c.param || typ != "invalid_request_error" {
+				t.Fatalf("got %d %s %q (%s), want %s %s %q", r.StatusCode, code, param, typ, c.status, c.code, c.param)
+			}
+		})
+	}
+	// Allowed values of the same fields pass.
+	for _, body := range []string{
+		`{` + chat + `,"n":1,"service_tier":"auto","modalities":["text"],"audio":null}`,
+		`{` + chat + `,"service_tier":"default","tools":[{"type":"function","function":{"name":"f"}}]}`,
+	} {
+		if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, r.StatusCode, b)
+		}
+	}
+	if r, b := e.post(t, "/v1/responses", `{`+resp+`,"background":false,"previous_response_id":null,"tools":[{"type":"function","name":"f"}]}`); r.StatusCode != 200 {
+		t.Fatalf("allowed responses request: %d %s", r.StatusCode, b)
+	}
+	if n := len(e.gov.specs); n != 3 {
+		t.Fatalf("the governor heard of %d calls, want only the 3 allowed ones", n)
+	}
+}
+
+// A body over the bound is refused from its Content-Length, before a byte
+// of it is read, and by a bounded read when it comes chunked.
+func TestOversizeBody(t *testing.T) {
+	up := okUpstream(t)
+	e := newEnv(t, up.upstream(), func(o *Options) { o.MaxBody = 1000 })
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The headers promise 2 MB that never come: only an answer from the
+	// headers can arrive.
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if code, _, _ := errorOf(t, string(b)); resp.StatusCode != 413 || code != "request_too_large" {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+
+	big := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"` + strings.Repeat("a", 1000) + `"}]}`
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", io.MultiReader(strings.NewReader(big))) // no length: chunked
+	req.Header.Set("Content-Type", "application/json")
+	r2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(r2.Body)
+	r2.Body.Close()
+	if r2.StatusCode != 413 || r2.ContentLength == 0 {
+		t.Fatalf("chunked oversize: %d %s", r2.StatusCode, b)
+	}
+	// At the bound it passes.
+	ok := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"` + strings.Repeat("a", 1000-65) + `"}]}`
+	if len(ok) != 1000 {
+		t.Fatalf("test body is %d bytes", len(ok))
+	}
+	if r, b := e.post(t, "/v1/chat/completions", ok); r.StatusCode != 200 {
+		t.Fatalf("a body at the bound: %d %s", r.StatusCode, b)
+	}
+	if r, _ := e.post(t, "/v1/chat/completions", ok); r.StatusCode != 200 {
+		t.Fatal("second call")
+	}
+	req, _ = http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "text/plain")
+	r3, _ := http.DefaultClient.Do(req)
+	r3.Body.Close()
+	if r3.StatusCode != 415 {
+		t.Fatalf("text/plain: %d", r3.StatusCode)
+	}
+}
+
+// Only the governed fields change on the way upstream; everything else,
+// fields other providers read included, arrives byte for byte.
+func TestForwardPatchesOnlyGovernedFields(t *testing.T) {
+	up := okUpstream(t)
+	e := newEnv(t, up.upstream(), nil)
+	e.gov.model, e.gov.cap = "gpt-4o-mini-2024-07-18", 100
+	vendor := `"vendor_extension":{"top_k": 40, "repetition_penalty":1.1, "html":"<b>&</b>"}`
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5000,` + vendor + `,"temperature":0.2}`
+	if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 200 {
+		t.Fatalf("%d %s", r.StatusCode, b)
+	}
+	up.mu.Lock()
+	raw := string(up.bodies[0])
+	up.mu.Unlock()
+	if !strings.Contains(raw, vendor) || !strings.Contains(raw, `"temperature":0.2`) {
+		t.Fatalf("unknown fields were changed: %s", raw)
+	}
+	got := up.lastBody(t)
+	if got["model"] != "gpt-4o-mini-2024-07-18" || got["max_tokens"] != float64(100) {
+		t.Fatalf("governed fields: %v", got)
+	}
+	if _, ok := got["max_completion_tokens"]; ok {
+		t.Fatal("a second limit field was added beside the client's")
+	}
+	spec, _, _, _ := e.gov.last(t)
+	if spec.MaxOutput != 5000 {
+		t.Fatalf("spec.MaxOutput %d", spec.MaxOutput)
+	}
+	// Without a limit one is set: max_completion_tokens for OpenAI's
+	// models, max_tokens for others, max_output_tokens for Responses.
+	e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[]}`)
+	if got := up.lastBody(t); got["max_completion_tokens"] != float64(100) {
+		t.Fatalf("no limit given: %v", got)
+	}
+	e.gov.model = "llama3.1:8b"
+	e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[]}`)
+	if got := up.lastBody(t); got["max_tokens"] != float64(100) {
+		t.Fatalf("no limit given, other server: %v", got)
+	}
+	e.post(t, "/v1/responses", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":20}`)
+	if got := up.lastBody(t); got["max_output_tokens"] != float64(20) {
+		t.Fatalf("responses limit under the cap kept: %v", got)
+	}
+	// A chat stream always asks for usage upstream, keeping the client's
+	// other stream options.
+	e.gov.model = ""
+	e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[],"stream":true,"stream_options":{"include_obfuscation":false}}`)
+	got = up.lastBody(t)
+	so, _ := got["stream_options"].(map[string]any)
+	if so["include_usage"] != true || so["include_obfuscation"] != false {
+		t.Fatalf("stream_options upstream: %v", got["stream_options"])
+	}
+}
+
+// The prompt estimate uses the model's tokenizer and sees every part of a
+// request the provider charges for.
+func TestPromptEstimate(t *testing.T) {
+	c, err := parseCall(KindChat, []byte(`{"model":"gpt-4o","messages":[{"role":"system","content":"You are brief."},{"role":"user","content":[{"type":"text","text":"What is in this image?"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.prompt < imageTokens+10 {
+		t.Fatalf("image prompt %d", c.prompt)
+	}
+	r, err := parseCall(KindResponses, []byte(`{"model":"gpt-4o","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"hello there"}]},{"type":"function_call","name":"lookup","arguments":"{\"city\":\"Rome\"}","call_id":"c"},{"type":"function_call_output","call_id":"c","output":"sunny"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := parseCall(KindResponses, []byte(`{"model":"gpt-4o","input":"hello there"}`), "")
+	if r.prompt <= plain.prompt+10 {
+		t.Fatalf("items and tools were not counted: %d vs %d", r.prompt, plain.prompt)
+	}
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"faregate/agent"
+	"faregate/agent/chat"
+	"faregate/agent/gateway"
+	"faregate/agent/task"
+	"faregate/protect/memo"
+	"faregate/protect/ratelimit"
+)
+
+// governedEndpoint makes the model endpoint's calls (agent/gateway) through
+// the built-in agent's Governor: one implementation of every guarantee a
+// model call has, whoever makes it. It translates between the two
+// packages' small types and maps the Governor's refusals to the errors the
+// api's one table answers.
+type governedEndpoint struct {
+	gov *agent.Governor
+	// principal is the task's principal as the budget scopes need it (its
+	// day, limits and tier share), read from the task's record.
+	principal func(ctx context.Context, taskID string) (agent.Principal, error)
+	// step records a model step on the task's event stream (nil: none).
+	step func(ctx context.Context, taskID string, st task.Step)
+}
+
+var _ gateway.Governor = (*governedEndpoint)(nil)
+
+// Call governs one call of an external agent: the output may shrink to
+// what the task can still afford, down to one token (Closing, MinOutput 1);
+// a call that cannot afford its prompt and one token is refused.
+func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt func(context.Context, gateway.Attempt) (gateway.Outcome, error)) (gateway.Outcome, error) {
+	p, err := e.principal(ctx, s.TaskID)
+	if err != nil {
+		return gateway.Outcome{}, err
+	}
+	started := time.Now()
+	spec := agent.Spec{
+		TaskID: s.TaskID, RequestID: s.RequestID, Principal: p, Kind: s.Kind, Model: s.Model,
+		PromptTokens: s.PromptTokens, MaxOutput: s.MaxOutput, Closing: true, MinOutput: 1,
+		Label: "v1 " + s.Kind,
+	}
+	var last gateway.Outcome
+	out, err := e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {
+		o, err := attempt(ctx, gateway.Attempt{
+			Model:    a.Model.Name,
+			Upstream: gateway.Upstream{BaseURL: a.Model.BaseURL, APIKey: a.Model.APIKey, Client: a.Model.HTTPClient},
+			Fallback: a.Fallback, MaxOutput: a.MaxOutput,
+		})
+		last = o
+		return agent.Outcome{
+			Usage:   chat.Usage{PromptTokens: o.Usage.Prompt, CompletionTokens: o.Usage.Completion, Reported: o.Usage.Reported, Raw: o.Usage.Raw},
+			Counted: o.Counted, Truncated: o.Truncated, Started: o.Started,
+			// Anything that reached the client, or was counted, was spent.
+			FirstToken: o.Started || o.Counted > 0 || o.Usage.Reported,
+		}, err
+	})
+	e.record(ctx, s, out, err, time.Since(started))
+	if err != nil {
+		return last, endpointError(err)
+	}
+	return last, nil
+}
+
+// record writes the call's model step, as the planner's calls have theirs.
+func (e *governedEndpoint) record(ctx context.Context, s gateway.Spec, out agent.Outcome, err error, took time.Duration) {
+	if e.step == nil {
+		return
+	}
+	st := task.Step{Kind: "model", Name: s.Kind, Status: "ok", DurationMS: took.Milliseconds()}
+	switch {
+	case err != nil:
+		st.Status, st.Detail = "failed", "refused or failed: "+refusalWord(err)
+	default:
+		st.Detail = fmt.Sprintf("%s: %d prompt + %d output tokens", out.Model.Name, out.Charged.PromptTokens, out.Charged.CompletionTokens)
+		if out.Truncated {
+			st.Detail += " (cut at the task's budget)"
+		}
+	}
+	e.step(context.WithoutCancel(ctx), s.TaskID, st)
+}
+
+// refusalWord names a refusal for the step's detail (no error text, which
+// may carry a provider's words).
+func refusalWord(err error) string {
+	if code, _, ok := agent.FailureCode(err); ok {
+		return code
+	}
+	var re *ratelimit.RefusedError
+	switch {
+	case errors.As(err, &re):
+		return string(re.Reason)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "the call ended"
+	case errors.Is(err, agent.ErrModelUnavailable):
+		return "model unavailable"
+	}
+	return "budget or provider"
+}
+
+// endpointError maps a Governor refusal to what the api's table answers:
+// a budget refusal passes as it is (429 demo_budget_exhausted); a failure
+// with a task code becomes its rate-limit refusal; a model that cannot
+// take the call is the gateway's upstream failure (503 model_unavailable).
+func endpointError(err error) error {
+	if code, _, ok := agent.FailureCode(err); ok {
+		switch code {
+		case task.CodeInputSpike:
+			return fmt.Errorf("%w: %w", ratelimit.ErrInputSpike, err)
+		case task.CodeTokenRateLimited:
+			return &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: time.Minute}
+		}
+		return fmt.Errorf("%w: %v", gateway.ErrUpstream, err)
+	}
+	if errors.Is(err, agent.ErrModelUnavailable) {
+		return fmt.Errorf("%w: %v", gateway.ErrUpstream, err)
+	}
+	return err
+}
+
+// taskPrincipals reads a task's principal from its record once per task
+// and replica: its limits do not change while it runs, and the key's
+// check already made the round trip the call is allowed before it.
+type taskPrincipals struct {
+	get   func(ctx context.Context, id string) (task.Record, error)
+	cache *memo.Memo[string, agent.Principal]
+}
+
+func newTaskPrincipals(get func(ctx context.Context, id string) (task.Record, error)) *taskPrincipals {
+	return &taskPrincipals{get: get, cache: memo.New[string, agent.Principal](10_000, nil)}
+}
+
+func (t *taskPrincipals) principal(ctx context.Context, id string) (agent.Principal, error) {
+	if p, _, ok := t.cache.Get(id); ok {
+		return p, nil
+	}
+	rec, err := t.get(ctx, id)
+	if err != nil {
+		return agent.Principal{}, err
+	}
+	p := agent.PrincipalOf(&rec)
+	// A task lives a day at the most; its record's limits are fixed.
+	t.cache.Put(id, p, time.Now().Add(24*time.Hour))
+	return p, nil
+}
