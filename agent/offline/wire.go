@@ -197,16 +197,10 @@ type reply struct {
 func answer(c conversation, model string, limit int64) reply {
 	counter := tokens.ForModel(model)
 	r := reply{prompt: counter.Chat(c.msgs, c.toolsJSON), finish: "stop"}
-	if c.tool != nil && c.toolSeen == 0 {
-		name, params := c.tool.Name, c.tool.Params
+	if args, ok := c.toolArgs(); ok {
+		name := c.tool.Name
 		if name == "" {
-			name, params = c.tool.Function.Name, c.tool.Function.Params
-		}
-		args := map[string]string{}
-		for _, p := range params.Required {
-			if t, _ := params.Properties[p].Type.(string); t == "string" || t == "" {
-				args[p] = clip(strings.TrimSpace(c.lastUser), 200)
-			}
+			name = c.tool.Function.Name
 		}
 		raw, _ := json.Marshal(args)
 		r.toolName, r.toolArgs, r.finish = name, string(raw), "tool_calls"
@@ -230,6 +224,48 @@ func answer(c conversation, model string, limit int64) reply {
 	r.text = t
 	r.completion = counter.Count(t)
 	return r
+}
+
+// toolArgs fills the first function tool's required string parameters
+// from the last user message, once per user message. A parameter named
+// like a URL takes the message's first http(s) URL; with none there, the
+// tool is not called (a demo that fetched the request's words as an
+// address would only show a refused step).
+func (c conversation) toolArgs() (map[string]string, bool) {
+	if c.tool == nil || c.toolSeen != 0 {
+		return nil, false
+	}
+	params := c.tool.Params
+	if c.tool.Name == "" {
+		params = c.tool.Function.Params
+	}
+	args := map[string]string{}
+	for _, p := range params.Required {
+		if t, _ := params.Properties[p].Type.(string); t != "string" && t != "" {
+			continue
+		}
+		if strings.Contains(strings.ToLower(p), "url") {
+			u := firstURL(c.lastUser)
+			if u == "" {
+				return nil, false
+			}
+			args[p] = u
+			continue
+		}
+		args[p] = clip(strings.TrimSpace(c.lastUser), 200)
+	}
+	return args, true
+}
+
+// firstURL is the first http(s) URL in s, "" when there is none.
+func firstURL(s string) string {
+	for _, f := range strings.Fields(s) {
+		f = strings.Trim(f, "<>()[]\"'.,;")
+		if strings.HasPrefix(f, "https://") || strings.HasPrefix(f, "http://") {
+			return clip(f, 200)
+		}
+	}
+	return ""
 }
 
 // cutTo is the longest prefix of t, at a word boundary where one fits, of

@@ -108,3 +108,43 @@ func TestWireStreamAndCancel(t *testing.T) {
 		t.Fatalf("read after cancel: %v", err)
 	}
 }
+
+// A tool taking a URL is called only with a URL the user gave: the demo
+// never fetches the request's words as an address.
+func TestWireURLToolNeedsAURL(t *testing.T) {
+	c := Client()
+	tool := `"tools":[{"type":"function","function":{"name":"fetch_page","parameters":{"type":"object","properties":{"url":{"type":"string"}},"required":["url"]}}}]`
+	cases := []struct {
+		name, user, wantFinish, wantArgs string
+	}{
+		{"no url", "Plan a day in Lisbon", "stop", ""},
+		{"url given", "Summarise https://example.com/page, please", "tool_calls", `{"url":"https://example.com/page"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := post(t, c, "/chat/completions", `{"model":"offline-demo-planner",`+tool+`,"messages":[{"role":"user","content":"`+tc.user+`"}]}`)
+			defer resp.Body.Close()
+			var m struct {
+				Choices []struct {
+					FinishReason string `json:"finish_reason"`
+					Message      struct {
+						ToolCalls []struct {
+							Function struct{ Arguments string } `json:"function"`
+						} `json:"tool_calls"`
+					} `json:"message"`
+				} `json:"choices"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || len(m.Choices) != 1 {
+				t.Fatalf("%v %+v", err, m)
+			}
+			ch := m.Choices[0]
+			args := ""
+			if len(ch.Message.ToolCalls) > 0 {
+				args = ch.Message.ToolCalls[0].Function.Arguments
+			}
+			if ch.FinishReason != tc.wantFinish || args != tc.wantArgs {
+				t.Fatalf("finish %q args %q, want %q %q", ch.FinishReason, args, tc.wantFinish, tc.wantArgs)
+			}
+		})
+	}
+}

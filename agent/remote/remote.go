@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
@@ -440,6 +441,13 @@ func (r *run) apply(m taskkey.Message) *task.Answer {
 		if err := json.Unmarshal(m.Data, &p); err != nil {
 			return nil
 		}
+		if m.Type == taskkey.TypeStep {
+			// What a model call was charged counts on the task's usage;
+			// an agent's own events carry no usage of any weight.
+			r.rec.Usage.PromptTokens = addTokens(r.rec.Usage.PromptTokens, p.PromptTokens)
+			r.rec.Usage.CompletionTokens = addTokens(r.rec.Usage.CompletionTokens, p.CompletionTokens)
+		}
+		p.PromptTokens, p.CompletionTokens = 0, 0
 		r.step(p)
 	}
 	return nil
@@ -518,4 +526,16 @@ func redact(err error) string {
 		}
 	}
 	return err.Error()
+}
+
+// addTokens adds a charge to a usage total, never below zero and never
+// past MaxInt64 (charges are bounded by the per-call ceiling already).
+func addTokens(total, n int64) int64 {
+	if n <= 0 {
+		return total
+	}
+	if total > math.MaxInt64-n {
+		return math.MaxInt64
+	}
+	return total + n
 }

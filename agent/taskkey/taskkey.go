@@ -386,6 +386,11 @@ type Posted struct {
 	Detail     string `json:"detail,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
 	Warning    string `json:"warning,omitempty"`
+	// PromptTokens and CompletionTokens are what a model step was charged
+	// (steps the model endpoint posts, never an agent's events): the lease
+	// holder adds them to the task's usage.
+	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
+	CompletionTokens int64 `json:"completion_tokens,omitempty"`
 }
 
 // Message is one inbox entry.

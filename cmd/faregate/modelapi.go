@@ -2,14 +2,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"time"
 
 	"faregate/agent"
 	"faregate/agent/chat"
 	"faregate/agent/gateway"
 	"faregate/agent/task"
+	"faregate/agent/taskkey"
+	"faregate/api"
 	"faregate/protect/memo"
 	"faregate/protect/ratelimit"
 )
@@ -25,7 +30,7 @@ type governedEndpoint struct {
 	// day, limits and tier share), read from the task's record.
 	principal func(ctx context.Context, taskID string) (agent.Principal, error)
 	// step records a model step on the task's event stream (nil: none).
-	step func(ctx context.Context, taskID string, st task.Step)
+	step func(ctx context.Context, st taskkey.Posted)
 }
 
 var _ gateway.Governor = (*governedEndpoint)(nil)
@@ -71,7 +76,8 @@ func (e *governedEndpoint) record(ctx context.Context, s gateway.Spec, out agent
 	if e.step == nil {
 		return
 	}
-	st := task.Step{Kind: "model", Name: s.Kind, Status: "ok", DurationMS: took.Milliseconds()}
+	st := taskkey.Posted{Kind: "model", Name: s.Kind, Status: "ok", DurationMS: took.Milliseconds(),
+		PromptTokens: out.Charged.PromptTokens, CompletionTokens: out.Charged.CompletionTokens}
 	switch {
 	case err != nil:
 		st.Status, st.Detail = "failed", "refused or failed: "+refusalWord(err)
@@ -79,9 +85,10 @@ func (e *governedEndpoint) record(ctx context.Context, s gateway.Spec, out agent
 		st.Detail = fmt.Sprintf("%s: %d prompt + %d output tokens", out.Model.Name, out.Charged.PromptTokens, out.Charged.CompletionTokens)
 		if out.Truncated {
 			st.Detail += " (cut at the task's budget)"
+			st.Warning = task.WarnOutputTruncated
 		}
 	}
-	e.step(context.WithoutCancel(ctx), s.TaskID, st)
+	e.step(context.WithoutCancel(ctx), st)
 }
 
 // refusalWord names a refusal for the step's detail (no error text, which
@@ -146,4 +153,56 @@ func (t *taskPrincipals) principal(ctx context.Context, id string) (agent.Princi
 	// A task lives a day at the most; its record's limits are fixed.
 	t.cache.Put(id, p, time.Now().Add(24*time.Hour))
 	return p, nil
+}
+
+// mountModels puts the model endpoint on the /v1 surface (nothing with the
+// built-in planner): every call governed by the workflow's Governor, held
+// to the task's call and parallelism limits across replicas, its step
+// posted through the task key like the agent's own events (the lease
+// holder numbers them and carries the warning).
+func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, sp *spending, rn *runs) {
+	if x == nil {
+		return
+	}
+	keys := x.keys
+	gov := &governedEndpoint{
+		gov:       sp.workflow.Governor(),
+		principal: newTaskPrincipals(rn.store.Get).principal,
+		step: func(ctx context.Context, p taskkey.Posted) {
+			g, ok := taskkey.FromContext(ctx)
+			if !ok {
+				return
+			}
+			raw, err := json.Marshal(p)
+			if err == nil {
+				err = keys.Step(ctx, g, raw)
+			}
+			if err != nil {
+				// The task may have ended meanwhile: the step has nowhere to go.
+				lg.Debug("model step not recorded", "task", g.Task, "err", err)
+			}
+		},
+	}
+	models := []string{sp.models.Primary.Name}
+	h := gateway.New(gateway.Options{
+		Governor: gov,
+		Limits: &gateway.RedisLimits{Client: st.redis.main, MaxCalls: cfg.AgentMaxCalls, MaxParallel: cfg.AgentMaxParallel,
+			Logger: lg},
+		Task: func(r *http.Request) (gateway.Task, bool) {
+			g, ok := taskkey.FromContext(r.Context())
+			if !ok {
+				return gateway.Task{}, false
+			}
+			return gateway.Task{ID: g.Task, Principal: g.Principal, Tier: g.Tier, Deadline: g.Deadline, Models: models}, true
+		},
+		WriteError:     api.WriteV1Error,
+		RequestID:      func(r *http.Request) string { return api.RequestID(r.Context()) },
+		EmbeddingModel: cfg.EmbeddingModel,
+		MaxBody:        cfg.V1MaxBody,
+		Logger:         lg,
+	})
+	x.v1.Models = func(w http.ResponseWriter, r *http.Request) error {
+		h.ServeHTTP(w, r)
+		return nil
+	}
 }

@@ -37,6 +37,7 @@ func (c *callbackURL) set(s string) { c.v.Store(&s) }
 // delivers tasks, and the /v1 surface the agent calls back.
 type externalAgent struct {
 	exec     *remote.Executor
+	keys     *taskkey.Keys
 	v1       *api.V1
 	callback *callbackURL
 }
@@ -62,7 +63,7 @@ func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *a
 	// retries), with a session per task for its once-per-task answers.
 	pages := outbound.New(outbound.Options{Version: versionString(), PublicURL: cfg.PublicURL, Logger: lg,
 		Base: tools.SafeTransport(tools.Policy{})})
-	return &externalAgent{exec: exec, callback: cb, v1: &api.V1{
+	return &externalAgent{exec: exec, keys: keys, callback: cb, v1: &api.V1{
 		Keys: keys, Fetch: &v1Fetcher{pages: pages, sessions: map[string]*fetchSession{}, now: time.Now},
 		MaxBody: cfg.V1MaxBody, MaxFetchBytes: tools.MaxPageBytes,
 		// A dead holder's task ends worker_lost within 4/3 of the lease.

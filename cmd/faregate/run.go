@@ -167,6 +167,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	// With FAREGATE_AGENT_URL the operator's agent runs each task (remote.go).
 	ext := buildExternalAgent(cfg, st.redis.main, st.redis.queue, sp.models, lg)
 	rn := newRuns(cfg, lg, tp, st, ops, sp, ext.executor(sp.workflow))
+	ext.mountModels(cfg, lg, st, sp, rn)
 	srv, err := newFront(cfg, lg, stdout, tp, st, ops, sp, pol, rn, ext.surface())
 	if err != nil {
 		return nil, err
