@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"faregate/agent/offline"
+	"faregate/protect/clocktest"
 )
 
 // fakeGov is a Governor that records every call: it grants MaxOutput (the
@@ -256,13 +257,7 @@ func (e *env) post(t *testing.T, path, body string) (*http.Response, string) {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	clocktest.Eventually(t, 10*time.Second, what, cond)
 }
 
 func asAPIError(err error, target **openai.Error) bool { return errors.As(err, target) }

@@ -11,6 +11,7 @@ import (
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -45,15 +46,8 @@ func replicas(t *testing.T, o Options) (a, b *Keys, rdb *redis.Client) {
 // within polls cond until it holds or d passes, and says how long it took.
 func within(d time.Duration, cond func() bool) (time.Duration, bool) {
 	start := time.Now()
-	for {
-		if cond() {
-			return time.Since(start), true
-		}
-		if time.Since(start) > d {
-			return time.Since(start), false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	ok := clocktest.Poll(d, cond)
+	return time.Since(start), ok
 }
 
 // TestKeyScope: a minted key works on both replicas for its own task; a

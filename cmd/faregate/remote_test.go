@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"faregate/agent/task"
+	"faregate/protect/clocktest"
 	"faregate/protect/redistest"
 )
 
@@ -552,13 +553,7 @@ func TestExternalAgentKilledReplica(t *testing.T) {
 		"FAREGATE_TASK_LEASE": processLease.String(), "FAREGATE_AGENT_TIMEOUT": "60s"})
 	a := startChild(t, bin, env)
 	id := createTrip(t, a.URL, "silent")
-	deadline := time.Now().Add(20 * time.Second)
-	for len(agent.delivered("silent")) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no delivery from the child within 20 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	clocktest.Eventually(t, 20*time.Second, "a delivery from the child", func() bool { return len(agent.delivered("silent")) > 0 })
 	d := agent.delivered("silent")[0]
 	// Started after the delivery: the task is the child's.
 	b := startServer(t, env)
