@@ -246,6 +246,10 @@ wait:
 					final = a
 					break wait
 				}
+				if r.ended != nil {
+					failed = r.ended
+					break wait
+				}
 			}
 		case <-ctx.Done():
 			failed = ended()
@@ -264,6 +268,9 @@ wait:
 	if a := r.drain(rctx); a != nil && final == nil && (failed == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
 		// Posted (and accepted by the key) before the deadline.
 		final, failed = a, nil
+	}
+	if failed == nil && final == nil && r.ended != nil {
+		failed = r.ended
 	}
 	if failed != nil {
 		return failed
@@ -360,6 +367,9 @@ type run struct {
 	last     string            // the last inbox entry applied ("": none)
 	opened   map[int]time.Time // seq → start of steps reported started
 	answer   *task.Answer
+	// ended is a failure the model endpoint reported for the task (an
+	// input spike ends it): the run stops with it.
+	ended error
 }
 
 // follow reads the inbox as it fills and hands each batch over, until ctx
@@ -441,13 +451,17 @@ func (r *run) apply(m taskkey.Message) *task.Answer {
 		if err := json.Unmarshal(m.Data, &p); err != nil {
 			return nil
 		}
+		if m.Type == taskkey.TypeStep && p.Fail == task.CodeInputSpike && r.ended == nil {
+			// The contract: an input spike ends the task with its code.
+			r.ended = agent.Fail(task.CodeInputSpike, "a model call's prompt was far larger than usual for this visitor, so it was not made")
+		}
 		if m.Type == taskkey.TypeStep {
 			// What a model call was charged counts on the task's usage;
 			// an agent's own events carry no usage of any weight.
 			r.rec.Usage.PromptTokens = addTokens(r.rec.Usage.PromptTokens, p.PromptTokens)
 			r.rec.Usage.CompletionTokens = addTokens(r.rec.Usage.CompletionTokens, p.CompletionTokens)
 		}
-		p.PromptTokens, p.CompletionTokens = 0, 0
+		p.PromptTokens, p.CompletionTokens, p.Fail = 0, 0, ""
 		r.step(p)
 	}
 	return nil

@@ -297,3 +297,43 @@ func TestRunEnds(t *testing.T) {
 		t.Fatalf("run under a lease it does not hold: %v", err)
 	}
 }
+
+// TestModelStepsChargeAndEnd: the model endpoint's steps add what each call
+// was charged to the task's usage, and one reporting an input spike ends
+// the task with that code; an agent's own event carrying the same fields
+// changes neither.
+func TestModelStepsChargeAndEnd(t *testing.T) {
+	f := newFixture(t)
+	srv, _ := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		go func() {
+			ctx := context.Background()
+			g, err := f.keys.Authenticate(ctx, d.OpenAI.APIKey)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			forged, _ := json.Marshal(taskkey.Posted{Kind: task.KindAgent, Name: "x", Status: "ok",
+				PromptTokens: 1 << 40, CompletionTokens: 1 << 40, Fail: task.CodeInputSpike})
+			if err := f.keys.Event(ctx, g, forged); err != nil {
+				t.Error(err)
+			}
+			for _, p := range []taskkey.Posted{
+				{Kind: "model", Name: "chat", Status: "ok", PromptTokens: 100, CompletionTokens: 20},
+				{Kind: "model", Name: "chat", Status: "failed", Fail: task.CodeInputSpike},
+			} {
+				raw, _ := json.Marshal(p)
+				if err := f.keys.Step(ctx, g, raw); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	})
+	rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
+	if code, _, ok := agent.FailureCode(err); !ok || code != task.CodeInputSpike {
+		t.Fatalf("run ended %v, want the task code input_spike", err)
+	}
+	if rec.Usage.PromptTokens != 100 || rec.Usage.CompletionTokens != 20 {
+		t.Fatalf("usage %+v, want the model step's 100 + 20 only", rec.Usage)
+	}
+}

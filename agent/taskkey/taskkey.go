@@ -391,6 +391,9 @@ type Posted struct {
 	// holder adds them to the task's usage.
 	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
 	CompletionTokens int64 `json:"completion_tokens,omitempty"`
+	// Fail is a task code a model step ends the task with (input_spike;
+	// steps the model endpoint posts only).
+	Fail string `json:"fail,omitempty"`
 }
 
 // Message is one inbox entry.

@@ -81,6 +81,9 @@ func (e *governedEndpoint) record(ctx context.Context, s gateway.Spec, out agent
 	switch {
 	case err != nil:
 		st.Status, st.Detail = "failed", "refused or failed: "+refusalWord(err)
+		if code, _, ok := agent.FailureCode(err); ok && code == task.CodeInputSpike {
+			st.Fail = code // the task ends with it (contract)
+		}
 	default:
 		st.Detail = fmt.Sprintf("%s: %d prompt + %d output tokens", out.Model.Name, out.Charged.PromptTokens, out.Charged.CompletionTokens)
 		if out.Truncated {
