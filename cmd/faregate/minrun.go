@@ -26,6 +26,9 @@ type minRun struct {
 	// a call may go to (the primary and the fallback).
 	model  string
 	models []string
+	// external: the first call is an external agent's, its prompt the
+	// visitor's (at its shortest); else the planner's largest request.
+	external bool
 }
 
 func newMinRun(models *agent.Models, tokens int64, maxTokens int) minRun {
@@ -57,6 +60,10 @@ func (m minRun) costAt(b *budget.Budget) int64 {
 
 // what says what a minimal run is, for the messages.
 func (m minRun) what() string {
+	if m.external {
+		return fmt.Sprintf("one minimal run reserves %d tokens (the shortest visitor prompt to an external agent, estimated, plus FAREGATE_LLM_MAX_TOKENS=%d)",
+			m.tokens, m.maxTokens)
+	}
 	return fmt.Sprintf("one minimal run reserves %d tokens (its first call's prompt, estimated for the largest request, plus FAREGATE_LLM_MAX_TOKENS=%d)",
 		m.tokens, m.maxTokens)
 }

@@ -123,6 +123,7 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 		minTokens, _ = ext(task.Request{Prompt: "x"})
 	}
 	sp.minimal = newMinRun(models, minTokens, cfg.LLMMaxTokens)
+	sp.minimal.external = cfg.AgentURL != ""
 	return sp, nil
 }
 
