@@ -86,12 +86,55 @@ type scanner struct {
 	objects [maxTracked / 64]uint64 // bit set: the container at that depth is an object
 	parents [maxParents]uint8       // key id that opened the container at that depth
 	seen    [4]uint64               // key ids already counted
+	memo    *[memoSize]memoKey      // keys met in this body; nil for short bodies
+}
+
+// memoSize is how many distinct keys a body's memo holds; agent bodies
+// repeat a dozen keys in every message of their history.
+const memoSize = 32
+
+// memoMin is the body size from which the memo pays for itself: a short
+// body repeats few keys, and clearing the memo costs more than it saves.
+const memoMin = 4 << 10
+
+// memoKey is a key met earlier in the body, as its offset and length there,
+// and what keyOf made of it.
+type memoKey struct {
+	off   int
+	n     uint8 // at most maxKeyRaw
+	idKey bool
+	spec  keySpec
+}
+
+// key is keyOf with a memo: a key written byte for byte as one met earlier
+// in the body is not normalised and looked up again.
+func (s *scanner) key(b []byte, off int, raw []byte) (keySpec, bool) {
+	n := len(raw)
+	if n == 0 || n > maxKeyRaw {
+		return keyOf(raw)
+	}
+	m := &s.memo[(n+int(raw[0])+int(raw[n-1])<<1)%memoSize]
+	if int(m.n) == n && string(b[m.off:m.off+n]) == string(raw) {
+		return m.spec, m.idKey
+	}
+	spec, idKey := keyOf(raw)
+	*m = memoKey{off: off, n: uint8(n), idKey: idKey, spec: spec}
+	return spec, idKey
 }
 
 // scan reads body once and returns the body dimensions, the tool call id's
 // position and the first enumeration candidate.
-func scan(body []byte) scanResult {
+func scan(body []byte) scanResult { return scanMemo(body, len(body) >= memoMin) }
+
+// scanMemo is scan with the key memo on or off (the memo must not change
+// the result; a test holds it to that).
+func scanMemo(body []byte, useMemo bool) scanResult {
 	var s scanner
+	if useMemo {
+		// Declared here, the memo is zeroed only for the bodies that use it.
+		var memo [memoSize]memoKey
+		s.memo = &memo
+	}
 	s.run(body)
 	return s.out
 }
@@ -131,7 +174,11 @@ func (s *scanner) run(b []byte) {
 			}
 			raw := b[i+1 : end]
 			if expectKey {
-				pend, pendIDKey = keyOf(raw)
+				if s.memo != nil {
+					pend, pendIDKey = s.key(b, i+1, raw)
+				} else {
+					pend, pendIDKey = keyOf(raw)
+				}
 				pendKey = pend.id
 				if pend.id != kNone && s.settled(pend) {
 					// Nothing left for this key to add: its value is
