@@ -22,14 +22,14 @@ func TestTaskInputConfig(t *testing.T) {
 	if c.TaskInput != "trip" || c.PromptMaxChars != 2000 || c.AgentURL != "" || c.cacheMode != plancache.ModeFallback {
 		t.Fatalf("defaults: input %q, prompt max %d, agent %q, cache %v", c.TaskInput, c.PromptMaxChars, c.AgentURL, c.cacheMode)
 	}
-	c, err = loadConfig(envOf(map[string]string{"FAREGATE_AGENT_URL": "http://127.0.0.1:9/agent", "FAREGATE_PLAN_CACHE": "always"}))
+	c, err = loadConfig(envOf(map[string]string{"FAREGATE_AGENT_URL": "http://127.0.0.1:9/agent", "FAREGATE_AGENT_SECRET": "prompt-test-secret-16", "FAREGATE_PLAN_CACHE": "always"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.TaskInput != "prompt" || c.cacheMode != plancache.ModeOff {
 		t.Fatalf("with an agent: input %q, cache %v; want prompt, off", c.TaskInput, c.cacheMode)
 	}
-	c, err = loadConfig(envOf(map[string]string{"FAREGATE_AGENT_URL": "https://agent.example/run", "FAREGATE_TASK_INPUT": "trip"}))
+	c, err = loadConfig(envOf(map[string]string{"FAREGATE_AGENT_URL": "https://agent.example/run", "FAREGATE_AGENT_SECRET": "prompt-test-secret-16", "FAREGATE_TASK_INPUT": "trip"}))
 	if err != nil || c.TaskInput != "trip" {
 		t.Fatalf("trip with an agent: %v, %+v", err, c)
 	}
@@ -68,7 +68,7 @@ func TestPromptForm(t *testing.T) {
 	s := startServer(t, mergeEnv(sv.env(), map[string]string{
 		// Nothing listens there: the delivery is the remote executor's
 		// business; this test is about admission.
-		"FAREGATE_AGENT_URL": "http://127.0.0.1:9/agent", "FAREGATE_LLM_BASE_URL": llm.BaseURL(),
+		"FAREGATE_AGENT_URL": "http://127.0.0.1:9/agent", "FAREGATE_AGENT_SECRET": "prompt-test-secret-16", "FAREGATE_LLM_BASE_URL": llm.BaseURL(),
 		"FAREGATE_PROMPT_MAX_CHARS": "600", "FAREGATE_LLM_MAX_TOKENS": "200",
 		"FAREGATE_IP_DAILY_TOKENS": "320", "FAREGATE_IP_DAILY_LIMIT": "100", "FAREGATE_FAILED_CHECKS_PER_HOUR": "100",
 		"FAREGATE_PLAN_CACHE": "always",
