@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 
+	"faregate/codes"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
@@ -129,7 +130,7 @@ func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
 // over 10× the principal's average, which was not made.
 func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
 	who := shownPrincipal(r.rec.Principal)
-	details := map[string]any{"kind": "input_spike", "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
+	details := map[string]any{"kind": codes.InputSpike, "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
 		"anomalies_in_hour": d.AnomaliesInHour}
 	if d.BlockedFor > 0 {
 		details["blocked_for_seconds"] = int64(math.Ceil(d.BlockedFor.Seconds()))

@@ -8,6 +8,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/codes"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
 )
@@ -141,7 +142,7 @@ func TestBudgetExhaustedAlert(t *testing.T) {
 				return budget.Reservation{}, ex
 			}
 			_, err := r.run(t, lisbon)
-			if code, _, _ := FailureCode(err); code != task.CodeAgentFailed || len(m.Turns()) != 0 {
+			if code, _, _ := FailureCode(err); code != codes.AgentFailed || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
 			got := r.alerts.Of(alert.BudgetExhausted)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"faregate/agent/chat"
-	"faregate/agent/task"
+	"faregate/codes"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 	"faregate/protect/repetition"
@@ -76,7 +76,7 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 		switch {
 		case errors.Is(err, errBudgetRefused):
 			detail = "token budget exhausted"
-			r.warn(task.WarnBudgetExhausted)
+			r.warn(codes.BudgetExhausted)
 		case errors.As(err, &f):
 			detail = f.msg
 		case ctx.Err() != nil:
@@ -87,10 +87,10 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 			return chat.Reply{}, err
 		}
 		r.lg.Warn("model call failed", "model", used.Name, "err", err)
-		return chat.Reply{}, &failure{task.CodeModelUnavailable, "the model provider did not answer; please try again later"}
+		return chat.Reply{}, &failure{codes.ModelUnavailable, "the model provider did not answer; please try again later"}
 	}
 	if fellBack && !r.lowPrec {
-		r.warn(task.WarnFallbackModel)
+		r.warn(codes.FallbackModel)
 	}
 	r.lastModel = used
 	detail := used.Name
@@ -186,16 +186,16 @@ func (c *modelCall) takeTokens(ctx context.Context) error {
 			PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: r.rec.Limits.TokensPerMinute, Op: op})
 		switch {
 		case errors.Is(err, ratelimit.ErrTooLarge):
-			return &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
+			return &failure{codes.TokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
 		case err != nil:
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			r.lg.Warn("token rate check failed", "err", err)
-			return &failure{task.CodeAgentFailed, "the token rate could not be checked; please try again later"}
+			return &failure{codes.AgentFailed, "the token rate could not be checked; please try again later"}
 		case d.Anomaly:
 			r.alertSpike(c.prompt, d)
-			return &failure{task.CodeInputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
+			return &failure{codes.InputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
 		case d.Taken:
 			c.take = &bucketTake{op: op, amount: amount}
 			return nil
@@ -203,7 +203,7 @@ func (c *modelCall) takeTokens(ctx context.Context) error {
 		// The script answers an exact time; a zero one would spin.
 		wait := max(d.RetryAfter, time.Millisecond)
 		if c.waited+wait > r.w.cfg.TokenWait {
-			return &failure{task.CodeTokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
+			return &failure{codes.TokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
 		}
 		if err := r.w.d.Sleep(ctx, wait); err != nil {
 			return err
@@ -248,7 +248,7 @@ func (c *modelCall) reserve(ctx context.Context, model string) error {
 	r.lg.Warn("budget reserve failed", "err", err)
 	// The budget store failing is not the model's fault, and spending
 	// without a reservation is not allowed: fail closed.
-	return &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
+	return &failure{codes.AgentFailed, "the token budget could not be checked; please try again later"}
 }
 
 // settle ends reservation res with what was used, charged in full (the
@@ -290,15 +290,15 @@ func (c *modelCall) pace(ctx context.Context) error {
 	var tooLong *ratelimit.WaitTooLongError
 	switch {
 	case errors.As(err, &tooLong):
-		return &failure{task.CodeTokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
+		return &failure{codes.TokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
 	case errors.Is(err, ratelimit.ErrTooLarge):
-		return &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
+		return &failure{codes.TokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
 	case err != nil:
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		r.lg.Warn("site token rate check failed", "err", err)
-		return &failure{task.CodeAgentFailed, "the site's token rate could not be checked; please try again later"}
+		return &failure{codes.AgentFailed, "the site's token rate could not be checked; please try again later"}
 	}
 	c.paced = &bucketTake{op: op, amount: amount}
 	if wait > 0 {
@@ -406,18 +406,18 @@ func (c *modelCall) attempt(ctx context.Context, mdl Model) (chat.Reply, error) 
 			r.w.metrics.ttft.WithLabelValues(mdl.Name).Observe(time.Since(start).Seconds())
 		}
 		if ch.ToolCall != "" && !out.take(ch.ToolCall, false) {
-			return stop(task.WarnOutputTruncated)
+			return stop(codes.OutputTruncated)
 		}
 		if ch.Text == "" {
 			return nil
 		}
 		if !out.take(ch.Text, true) {
-			return stop(task.WarnOutputTruncated)
+			return stop(codes.OutputTruncated)
 		}
 		// Only text is checked for loops: tool-call arguments repeat
 		// their own framing by nature.
 		if detector.Write([]byte(ch.Text)) {
-			return stop(task.WarnOutputLoop)
+			return stop(codes.OutputLoop)
 		}
 		return nil
 	}

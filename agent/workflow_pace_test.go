@@ -12,6 +12,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/codes"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
@@ -129,7 +130,7 @@ func TestSitePacingTooLong(t *testing.T) {
 		return 0, &ratelimit.WaitTooLongError{Wait: 45 * time.Second, MaxWait: maxWait, After: 35 * time.Second}
 	}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != task.CodeTokenRateLimited {
+	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited {
 		t.Fatalf("err %v", err)
 	}
 	if p := r.limiter.Paces(); len(p) != 1 || p[0].MaxWait != 10*time.Second {
@@ -159,8 +160,8 @@ func TestSitePacingFailures(t *testing.T) {
 		err  error
 		code string
 	}{
-		{fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable), task.CodeAgentFailed},
-		{fmt.Errorf("%w: 70000 tokens, capacity 60000", ratelimit.ErrTooLarge), task.CodeTokenRateLimited},
+		{fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable), codes.AgentFailed},
+		{fmt.Errorf("%w: 70000 tokens, capacity 60000", ratelimit.ErrTooLarge), codes.TokenRateLimited},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
 			m := answers(chat.Usage{})

@@ -8,6 +8,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/codes"
 	"faregate/protect/alert"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
@@ -84,7 +85,7 @@ func TestOnRealScripts(t *testing.T) {
 			return 1000
 		}
 		err := NewWorkflow(r.cfg, d).Run(context.Background(), record(lisbon), func(*task.Record, ...task.Event) error { return nil })
-		if code, _, _ := FailureCode(err); code != task.CodeInputSpike || len(m.Turns()) != 5 {
+		if code, _, _ := FailureCode(err); code != codes.InputSpike || len(m.Turns()) != 5 {
 			t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 		}
 		a := r.alerts.Of(alert.Anomaly)

@@ -14,6 +14,7 @@ import (
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
+	"faregate/codes"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/policy"
@@ -110,41 +111,41 @@ func TestErrorTable(t *testing.T) {
 		retry  string // Retry-After; "" = none
 		rl     string // RateLimit; "" = none
 	}{
-		{"invalid", invalid("days", "must be 1 to 7"), 400, CodeInvalidRequest, "", ""},
-		{"prompt rule", &PromptRejectedError{Rule: "instruction_override"}, 400, CodePromptRejected, "", ""},
-		{"unknown key", &policy.KeyError{Fault: policy.KeyUnknown}, 401, CodeInvalidAPIKey, "", ""},
-		{"usage without key", errNoKey, 401, CodeInvalidAPIKey, "", ""},
-		{"turnstile", fmt.Errorf("%w: hostname", turnstile.ErrRejected), 403, CodeTurnstileFailed, "", ""},
-		{"task", task.ErrNotFound, 404, CodeTaskNotFound, "", ""},
-		{"route", ErrNotFound, 404, CodeNotFound, "", ""},
-		{"method", ErrMethodNotAllowed, 405, CodeMethodNotAllowed, "", ""},
-		{"too large", ErrTooLarge, 413, CodeRequestTooLarge, "", ""},
-		{"media", ErrUnsupportedMedia, 415, CodeUnsupportedMedia, "", ""},
-		{"visitor day", &quota.LimitError{Err: quota.ErrVisitorLimit, Limit: 5, After: quota.UntilReset(now)}, 429, CodeIPLimit, "18720", `"daily";r=0;t=18720`},
-		{"site day", &quota.LimitError{Err: quota.ErrGlobalLimit, Limit: 100, After: quota.UntilReset(now)}, 429, CodeGlobalLimit, "18720", `"daily";r=0;t=18720`},
-		{"key day", &quota.LimitError{Err: quota.ErrKeyLimit, Limit: 500, After: quota.UntilReset(now)}, 429, CodeKeyDailyLimit, "18720", `"daily";r=0;t=18720`},
-		{"budget", budgetRefusal(t, now), 429, CodeBudgetExhausted, "18720", `"budget";r=10;t=18720`},
-		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, CodeTooManyStreams, "5", `"streams";r=0;t=5`},
-		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
-		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
-		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, CodeTooManyFailedChecks, "1800", `"failed";r=0;t=1800`},
-		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, CodeTooManyFailedChecks, "90", `"failed";r=0;t=90`},
-		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
-		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, CodeTokenRateLimited, "12", `"tpm";r=0;t=12`},
-		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, CodeTokenRateLimited, "10", `"tpm";r=0;t=10`},
-		{"panic", errPanic, 500, CodeInternal, "", ""},
-		{"unknown", errors.New("something else"), 500, CodeInternal, "", ""},
-		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
-		{"redis for budget", budget.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"redis for limits", ratelimit.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"redis for tasks", taskstore.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"siteverify", turnstile.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"model", errModelUnavailable, 503, CodeModelUnavailable, "5", ""},
-		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, CodeAITFQueueFull, "2", ""},
-		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, CodeServerBusy, "5", ""},
-		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, CodeServerBusy, "30", ""},
-		{"out of time", fmt.Errorf("lane: %w", context.DeadlineExceeded), 503, CodeServerBusy, "5", ""},
-		{"joined", errors.Join(errors.New("x"), ratelimit.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
+		{"invalid", invalid("days", "must be 1 to 7"), 400, codes.InvalidRequest, "", ""},
+		{"prompt rule", &PromptRejectedError{Rule: "instruction_override"}, 400, codes.PromptRejected, "", ""},
+		{"unknown key", &policy.KeyError{Fault: policy.KeyUnknown}, 401, codes.InvalidAPIKey, "", ""},
+		{"usage without key", errNoKey, 401, codes.InvalidAPIKey, "", ""},
+		{"turnstile", fmt.Errorf("%w: hostname", turnstile.ErrRejected), 403, codes.TurnstileFailed, "", ""},
+		{"task", task.ErrNotFound, 404, codes.TaskNotFound, "", ""},
+		{"route", ErrNotFound, 404, codes.NotFound, "", ""},
+		{"method", ErrMethodNotAllowed, 405, codes.MethodNotAllowed, "", ""},
+		{"too large", ErrTooLarge, 413, codes.RequestTooLarge, "", ""},
+		{"media", ErrUnsupportedMedia, 415, codes.UnsupportedMediaType, "", ""},
+		{"visitor day", &quota.LimitError{Err: quota.ErrVisitorLimit, Limit: 5, After: quota.UntilReset(now)}, 429, codes.DemoIPLimitReached, "18720", `"daily";r=0;t=18720`},
+		{"site day", &quota.LimitError{Err: quota.ErrGlobalLimit, Limit: 100, After: quota.UntilReset(now)}, 429, codes.DemoGlobalLimitReached, "18720", `"daily";r=0;t=18720`},
+		{"key day", &quota.LimitError{Err: quota.ErrKeyLimit, Limit: 500, After: quota.UntilReset(now)}, 429, codes.KeyDailyLimitReached, "18720", `"daily";r=0;t=18720`},
+		{"budget", budgetRefusal(t, now), 429, codes.DemoBudgetExhausted, "18720", `"budget";r=10;t=18720`},
+		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, codes.TooManyStreams, "5", `"streams";r=0;t=5`},
+		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, codes.RateLimited, "2", `"rpm";r=0;t=2`},
+		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, codes.RateLimited, "2", `"rpm";r=0;t=2`},
+		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, codes.TooManyFailedChecks, "1800", `"failed";r=0;t=1800`},
+		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, codes.TooManyFailedChecks, "90", `"failed";r=0;t=90`},
+		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, codes.AnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
+		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, codes.TokenRateLimited, "12", `"tpm";r=0;t=12`},
+		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, codes.TokenRateLimited, "10", `"tpm";r=0;t=10`},
+		{"panic", errPanic, 500, codes.InternalError, "", ""},
+		{"unknown", errors.New("something else"), 500, codes.InternalError, "", ""},
+		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"redis for budget", budget.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"redis for limits", ratelimit.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"redis for tasks", taskstore.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"siteverify", turnstile.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"model", errModelUnavailable, 503, codes.ModelUnavailable, "5", ""},
+		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, codes.AITFQueueFull, "2", ""},
+		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, codes.ServerBusy, "5", ""},
+		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, codes.ServerBusy, "30", ""},
+		{"out of time", fmt.Errorf("lane: %w", context.DeadlineExceeded), 503, codes.ServerBusy, "5", ""},
+		{"joined", errors.Join(errors.New("x"), ratelimit.ErrUnavailable), 503, codes.DemoProtectionUnavailable, "5", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -237,10 +238,10 @@ func TestSummary(t *testing.T) {
 	lg := slog.New(slog.NewTextHandler(&buf, nil))
 	s := newSummary()
 	for i := 0; i < 1000; i++ {
-		s.add(CodeIPLimit, []byte(fmt.Sprintf("v:%012d", i%100)))
+		s.add(codes.DemoIPLimitReached, []byte(fmt.Sprintf("v:%012d", i%100)))
 	}
 	for i := 0; i < 30; i++ {
-		s.add(CodeTurnstileFailed, []byte("v:000000000007"))
+		s.add(codes.TurnstileFailed, []byte("v:000000000007"))
 	}
 	s.note("aitf_observed")
 	s.flush(lg, 10*time.Second)
@@ -395,7 +396,7 @@ func TestDeadline(t *testing.T) {
 	}
 
 	// The window check itself hangs: its own 503, in time.
-	if w, st := serve(context.Background()); w.Code != 503 || st.code != CodeProtectionDown || w.Header().Get("Retry-After") == "" {
+	if w, st := serve(context.Background()); w.Code != 503 || st.code != codes.DemoProtectionUnavailable || w.Header().Get("Retry-After") == "" {
 		t.Fatalf("hung check: %d %s %q", w.Code, st.code, w.Header().Get("Retry-After"))
 	}
 
@@ -405,7 +406,7 @@ func TestDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer release()
-	if w, st := serve(context.Background()); w.Code != 503 || st.code != CodeServerBusy || w.Header().Get("Retry-After") != "5" {
+	if w, st := serve(context.Background()); w.Code != 503 || st.code != codes.ServerBusy || w.Header().Get("Retry-After") != "5" {
 		t.Fatalf("full lane: %d %s %q", w.Code, st.code, w.Header().Get("Retry-After"))
 	}
 

@@ -3,9 +3,11 @@ package api
 import (
 	"context"
 	"net/http"
+	"slices"
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
+	"faregate/codes"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/policy"
@@ -14,60 +16,104 @@ import (
 	"faregate/protect/turnstile"
 )
 
+// The API's vocabulary is this file: errorRows for the error codes of HTTP
+// answers, taskErrorCodes and warningCodes for what GET /api/tasks/{id}
+// reports of a run. Every code is a faregate/codes constant. The documents
+// that name codes for clients (openapi.json, the page's messages.js,
+// client.d.ts, the README's table) are tested against this file in both
+// directions, so a code added here fails those tests until each follows,
+// and a code they name that this file does not is an error too.
+
 // errorRows is the error vocabulary of the whole API: every error a handler
 // can meet, by its sentinel, with the status, the stable code and the
 // sentence people read. Typed errors unwrap to their sentinel; anything not
 // listed is a 500 internal_error (and logged, as every 5xx is).
 func errorRows() []entry {
 	return []entry{
-		{[]error{ErrInvalid}, http.StatusBadRequest, CodeInvalidRequest,
+		{[]error{ErrInvalid}, http.StatusBadRequest, codes.InvalidRequest,
 			"The request is not valid; see fields for details."},
-		{[]error{ErrPromptRejected}, http.StatusBadRequest, CodePromptRejected,
+		{[]error{ErrPromptRejected}, http.StatusBadRequest, codes.PromptRejected,
 			"The request text matches a rule this demo does not accept. Please rephrase it."},
-		{[]error{policy.ErrInvalidKey, errNoKey}, http.StatusUnauthorized, CodeInvalidAPIKey,
+		{[]error{policy.ErrInvalidKey, errNoKey}, http.StatusUnauthorized, codes.InvalidAPIKey,
 			"The API key is missing, unknown, disabled or malformed."},
-		{[]error{turnstile.ErrRejected}, http.StatusForbidden, CodeTurnstileFailed,
+		{[]error{turnstile.ErrRejected}, http.StatusForbidden, codes.TurnstileFailed,
 			"The human check failed or expired. Please complete it again."},
-		{[]error{task.ErrNotFound}, http.StatusNotFound, CodeTaskNotFound,
+		{[]error{task.ErrNotFound}, http.StatusNotFound, codes.TaskNotFound,
 			"No such task."},
-		{[]error{ErrNotFound}, http.StatusNotFound, CodeNotFound,
+		{[]error{ErrNotFound}, http.StatusNotFound, codes.NotFound,
 			"No such endpoint."},
-		{[]error{ErrMethodNotAllowed}, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+		{[]error{ErrMethodNotAllowed}, http.StatusMethodNotAllowed, codes.MethodNotAllowed,
 			"This method is not allowed here; see the Allow header."},
-		{[]error{ErrTooLarge}, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
+		{[]error{ErrTooLarge}, http.StatusRequestEntityTooLarge, codes.RequestTooLarge,
 			"The request body is larger than 16384 bytes."},
-		{[]error{ErrUnsupportedMedia}, http.StatusUnsupportedMediaType, CodeUnsupportedMedia,
+		{[]error{ErrUnsupportedMedia}, http.StatusUnsupportedMediaType, codes.UnsupportedMediaType,
 			"Send the request as Content-Type: application/json."},
-		{[]error{quota.ErrVisitorLimit}, http.StatusTooManyRequests, CodeIPLimit,
+		{[]error{quota.ErrVisitorLimit}, http.StatusTooManyRequests, codes.DemoIPLimitReached,
 			"You have used all of today's demo tasks. They reset at 00:00 UTC."},
-		{[]error{quota.ErrGlobalLimit}, http.StatusTooManyRequests, CodeGlobalLimit,
+		{[]error{quota.ErrGlobalLimit}, http.StatusTooManyRequests, codes.DemoGlobalLimitReached,
 			"The demo has reached today's limit for everyone. It resets at 00:00 UTC."},
-		{[]error{quota.ErrKeyLimit}, http.StatusTooManyRequests, CodeKeyDailyLimit,
+		{[]error{quota.ErrKeyLimit}, http.StatusTooManyRequests, codes.KeyDailyLimitReached,
 			"This API key has used all of today's tasks. They reset at 00:00 UTC."},
-		{[]error{budget.ErrExhausted}, http.StatusTooManyRequests, CodeBudgetExhausted,
+		{[]error{budget.ErrExhausted}, http.StatusTooManyRequests, codes.DemoBudgetExhausted,
 			"Today's model budget is used up. It resets at 00:00 UTC."},
-		{[]error{ErrTooManyStreams}, http.StatusTooManyRequests, CodeTooManyStreams,
+		{[]error{ErrTooManyStreams}, http.StatusTooManyRequests, codes.TooManyStreams,
 			"Too many live progress streams are open from your address. Close one and try again."},
-		{[]error{ratelimit.ErrRateLimited}, http.StatusTooManyRequests, CodeRateLimited,
+		{[]error{ratelimit.ErrRateLimited}, http.StatusTooManyRequests, codes.RateLimited,
 			"Too many requests in the last minute. Please slow down."},
-		{[]error{ratelimit.ErrTooManyFailedChecks}, http.StatusTooManyRequests, CodeTooManyFailedChecks,
+		{[]error{ratelimit.ErrTooManyFailedChecks}, http.StatusTooManyRequests, codes.TooManyFailedChecks,
 			"Too many failed checks in the last hour. Please wait before trying again."},
-		{[]error{ratelimit.ErrTokenRateLimited}, http.StatusTooManyRequests, CodeTokenRateLimited,
+		{[]error{ratelimit.ErrTokenRateLimited}, http.StatusTooManyRequests, codes.TokenRateLimited,
 			"Too many model tokens in the last minute. Please wait before trying again."},
-		{[]error{ratelimit.ErrAnomalyBlocked}, http.StatusTooManyRequests, CodeAnomalyBlocked,
+		{[]error{ratelimit.ErrAnomalyBlocked}, http.StatusTooManyRequests, codes.AnomalyBlocked,
 			"Unusual input was seen from you several times in the last hour. Please wait before trying again."},
-		{[]error{errPanic}, http.StatusInternalServerError, CodeInternal,
+		{[]error{errPanic}, http.StatusInternalServerError, codes.InternalError,
 			"Something went wrong on our side."},
 		{[]error{turnstile.ErrUnavailable, quota.ErrUnavailable, budget.ErrUnavailable,
-			ratelimit.ErrUnavailable, taskstore.ErrUnavailable}, http.StatusServiceUnavailable, CodeProtectionDown,
+			ratelimit.ErrUnavailable, taskstore.ErrUnavailable}, http.StatusServiceUnavailable, codes.DemoProtectionUnavailable,
 			"The demo's protection is unavailable, so it is not accepting requests right now. Please try again shortly."},
-		{[]error{errModelUnavailable}, http.StatusServiceUnavailable, CodeModelUnavailable,
+		{[]error{errModelUnavailable}, http.StatusServiceUnavailable, codes.ModelUnavailable,
 			"The model provider is unavailable right now. Please try again shortly."},
-		{[]error{aitf.ErrQueueFull}, http.StatusServiceUnavailable, CodeAITFQueueFull,
+		{[]error{aitf.ErrQueueFull}, http.StatusServiceUnavailable, codes.AITFQueueFull,
 			"The server is too busy with automated traffic. Please try again shortly."},
 		// A request out of time inside faregate (RequestTimeout) was busy
 		// waiting for this replica: its lane or a Redis pool.
-		{[]error{ErrServerBusy, context.DeadlineExceeded}, http.StatusServiceUnavailable, CodeServerBusy,
+		{[]error{ErrServerBusy, context.DeadlineExceeded}, http.StatusServiceUnavailable, codes.ServerBusy,
 			"The server is busy. Please try again shortly."},
 	}
 }
+
+// taskErrorCodes are the codes a failed task ends with (error.code of GET
+// /api/tasks/{id} and of the final event): what the runs and the task
+// runner produce today.
+func taskErrorCodes() []string {
+	return []string{codes.ModelUnavailable, codes.AgentFailed, codes.WorkerLost, codes.InputSpike, codes.TokenRateLimited}
+}
+
+// warningCodes are the warnings a finished run may carry (warnings and
+// result.warnings).
+func warningCodes() []string {
+	return []string{
+		codes.WeatherUnavailable, codes.SearchUnavailable, codes.FetchFailed, codes.DownstreamPushback,
+		codes.BudgetExhausted, codes.OutputTruncated, codes.OutputLoop, codes.StepLimit, codes.ToolLimit,
+		codes.TimeLimit, codes.ToolLoop, codes.LowPrecision, codes.FallbackModel,
+	}
+}
+
+// Codes lists every error code the API can answer with, sorted.
+func Codes() []string { return newErrorTable(errorRows()).Codes() }
+
+// CodeStatus is the HTTP status an error code is answered with (false for
+// a code the table does not know).
+func CodeStatus(code string) (int, bool) {
+	spec, ok := newErrorTable(errorRows()).byCode[code]
+	if !ok {
+		return 0, false
+	}
+	return spec.status, true
+}
+
+// TaskErrorCodes lists the codes a failed task may end with, sorted.
+func TaskErrorCodes() []string { return slices.Sorted(slices.Values(taskErrorCodes())) }
+
+// WarningCodes lists the warnings a finished run may carry, sorted.
+func WarningCodes() []string { return slices.Sorted(slices.Values(warningCodes())) }

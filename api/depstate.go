@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"faregate/agent/taskstore"
+	"faregate/codes"
 	"faregate/protect/budget"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
@@ -139,7 +140,7 @@ func (ds dependencies) failedBy(err error) *dependency {
 // internal_error first, is a failure worth its own line.
 func summarised(code string) bool {
 	switch code {
-	case CodeServerBusy, CodeAITFQueueFull, CodeProtectionDown, CodeModelUnavailable:
+	case codes.ServerBusy, codes.AITFQueueFull, codes.DemoProtectionUnavailable, codes.ModelUnavailable:
 		return true
 	}
 	return false

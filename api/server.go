@@ -258,11 +258,8 @@ func PrincipalScope(r *http.Request) string {
 	if st.principal.Kind != "" {
 		return st.principal.Scope()
 	}
-	return "v:" + st.visitor.Key()
+	return Principal{Kind: KindVisitor, ID: st.visitor.Key()}.Scope()
 }
-
-// Codes lists every error code the API can answer with.
-func Codes() []string { return newErrorTable(errorRows()).Codes() }
 
 // RoutePattern is the chi route pattern of a routed request ("unmatched"
 // before routing), a label that cannot grow with user input.

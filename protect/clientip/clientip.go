@@ -19,6 +19,8 @@ import (
 	"net/textproto"
 	"strings"
 	"sync"
+
+	"faregate/codes"
 )
 
 // ErrBadRemoteAddr reports a request whose RemoteAddr is not an IP address
@@ -337,7 +339,7 @@ func (r *Resolver) Middleware(onError func(http.ResponseWriter, *http.Request, e
 func internalError(w http.ResponseWriter, _ *http.Request, _ error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusInternalServerError)
-	_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"The server could not identify the connection."}}` + "\n"))
+	_, _ = w.Write([]byte(`{"error":{"code":"` + codes.InternalError + `","message":"The server could not identify the connection."}}` + "\n"))
 }
 
 // RandomKey returns 32 random bytes, the HMAC key used when
