@@ -3,54 +3,25 @@ package agent
 import (
 	"fmt"
 	"math"
-	"strings"
 
 	"faregate/codes"
+	"faregate/principal"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 )
 
-// shownHash is how much of a visitor's hash an alert may show: enough to
-// tell visitors apart in a day's alerts, too little to be the key itself.
-const shownHash = 12
-
-// principalScope is the rate limiter's scope of a principal, the api's
-// Principal.Scope form: "v_<hash>" → "v:<hash>", "k_<id>" → "k:<id>".
-func principalScope(p string) string {
-	if len(p) > 2 && (p[:2] == "v_" || p[:2] == "k_") {
-		return p[:1] + ":" + p[2:]
-	}
-	return p
-}
-
-// shownPrincipal is a principal as alerts show it: a visitor's hash cut to
-// its first 12 hex digits ("v:0123456789ab"), a key's id whole ("k:acme").
-// Anything else is cut like a hash, in case it is one.
-func shownPrincipal(p string) string {
-	switch {
-	case strings.HasPrefix(p, "k_"):
-		return principalScope(p)
-	case strings.HasPrefix(p, "v_"):
-		return "v:" + clipBytes(p[2:], shownHash)
-	}
-	return clipBytes(p, shownHash)
-}
-
-func clipBytes(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
-
-// scopeName names a budget scope of this run for an alert.
-func (r *run) scopeName(s budget.Scope, name string) string {
+// scopeName names a budget scope for an alert: the principal in its shown
+// form (an Account in, "principal:v:0123456789ab" out), a tier or a task
+// by name, the site and the money cap by the scope alone.
+func scopeName(s budget.Scope, name string) string {
 	switch s {
 	case budget.ScopePrincipal:
-		return "principal:" + shownPrincipal(name)
+		return "principal:" + principal.FromAccount(name).String()
 	case budget.ScopeTier, budget.ScopeTask:
-		return string(s) + ":" + name
+		if name != "" {
+			return string(s) + ":" + name
+		}
 	}
 	return string(s)
 }
@@ -72,7 +43,7 @@ func (r *run) alert(a alert.Alert) {
 		a.Details = map[string]any{}
 	}
 	a.Details["task"] = r.rec.ID
-	a.Details["principal"] = shownPrincipal(r.rec.Principal)
+	a.Details["principal"] = principal.FromAccount(r.rec.Principal).String()
 	r.w.d.Alert(a)
 }
 
@@ -80,7 +51,7 @@ func (r *run) alert(a alert.Alert) {
 // or settlement took past 80% first today.
 func (r *run) alertWarnings(events []budget.ScopeEvent) {
 	for _, e := range events {
-		scope := r.scopeName(e.Scope, e.Name)
+		scope := scopeName(e.Scope, e.Name)
 		r.alert(alert.Alert{Event: alert.BudgetWarning, Scope: scope, Severity: alert.Warning,
 			Text:    fmt.Sprintf("%s has used 80%% of its daily budget: %d of %d %s", scope, e.Used, e.Limit, unit(e.Scope)),
 			Details: map[string]any{"scope": string(e.Scope), "used": e.Used, "limit": e.Limit, "unit": unit(e.Scope)}})
@@ -93,20 +64,30 @@ func (r *run) alertExhausted(ex *budget.ExhaustedError, req budget.Request) {
 	if !ex.First {
 		return
 	}
+	a := ExhaustedAlert(ex, req.Principal, req.Tier, req.Task, "model calls")
+	a.Details["model"] = req.Model
+	r.alert(a)
+}
+
+// ExhaustedAlert is the budget_exhausted alert of a scope's first refusal
+// of the day, for a run's reservation and the gate's admission check alike
+// (cmd/faregate raises the gate's): account, tier and taskID name the
+// refused request (an Account, a tier name, a task id or ""), refused what
+// the refusal stops ("model calls", "new tasks").
+func ExhaustedAlert(ex *budget.ExhaustedError, account, tier, taskID, refused string) alert.Alert {
 	name := ""
 	switch ex.Scope {
 	case budget.ScopePrincipal:
-		name = req.Principal
+		name = account
 	case budget.ScopeTier:
-		name = req.Tier
+		name = tier
 	case budget.ScopeTask:
-		name = req.Task
+		name = taskID
 	}
-	scope := r.scopeName(ex.Scope, name)
-	r.alert(alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
-		Text: fmt.Sprintf("%s has exhausted its daily budget: model calls are refused until midnight UTC", scope),
-		Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit(ex.Scope),
-			"model": req.Model}})
+	scope := scopeName(ex.Scope, name)
+	return alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
+		Text:    fmt.Sprintf("%s has exhausted its daily budget: %s are refused until midnight UTC", scope, refused),
+		Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit(ex.Scope)}}
 }
 
 // alertOverage raises overage when a settlement charged beyond its hold.
@@ -129,7 +110,7 @@ func (r *run) alertOverage(res budget.Reservation, s budget.Settlement) {
 // alertSpike raises anomaly for an input spike: a call whose prompt was
 // over 10× the principal's average, which was not made.
 func (r *run) alertSpike(prompt int64, d ratelimit.CallDecision) {
-	who := shownPrincipal(r.rec.Principal)
+	who := principal.FromAccount(r.rec.Principal).String()
 	details := map[string]any{"kind": codes.InputSpike, "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
 		"anomalies_in_hour": d.AnomaliesInHour}
 	if d.BlockedFor > 0 {

@@ -10,6 +10,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/codes"
+	"faregate/principal"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 	"faregate/protect/repetition"
@@ -182,7 +183,7 @@ func (c *modelCall) takeTokens(ctx context.Context) error {
 	amount := c.prompt + c.maxTokens
 	for {
 		op := rand.Text()
-		d, err := r.w.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(r.rec.Principal),
+		d, err := r.w.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principal.FromAccount(r.rec.Principal).Scope(),
 			PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: r.rec.Limits.TokensPerMinute, Op: op})
 		switch {
 		case errors.Is(err, ratelimit.ErrTooLarge):
@@ -339,7 +340,7 @@ func (c *modelCall) release(ctx context.Context) {
 		c.paced = nil
 	}
 	if c.take != nil {
-		c.settleBucket(ctx, principalScope(c.r.rec.Principal), c.r.rec.Limits.TokensPerMinute, c.take, c.charged)
+		c.settleBucket(ctx, principal.FromAccount(c.r.rec.Principal).Scope(), c.r.rec.Limits.TokensPerMinute, c.take, c.charged)
 		c.take = nil
 	}
 }

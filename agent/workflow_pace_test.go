@@ -13,6 +13,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/codes"
+	"faregate/principal"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
@@ -141,7 +142,7 @@ func TestSitePacingTooLong(t *testing.T) {
 		t.Fatalf("settlements %+v, left %d: the reservation was not given back", st, r.budget.Left)
 	}
 	b := r.limiter.Before()
-	if a := r.limiter.AfterOf(principalScope(visitor)); len(a) != 1 || a[0].Reserved != b[0].Amount || a[0].Actual != 0 {
+	if a := r.limiter.AfterOf(principal.FromAccount(visitor).Scope()); len(a) != 1 || a[0].Reserved != b[0].Amount || a[0].Actual != 0 {
 		t.Fatalf("principal AfterCall %+v", a)
 	}
 	if a := r.limiter.AfterOf(ratelimit.SiteScope); len(a) != 0 {
@@ -173,7 +174,7 @@ func TestSitePacingFailures(t *testing.T) {
 			if code, _, _ := FailureCode(err); code != tc.code || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
-			if r.budget.Left != 1_000_000 || len(r.limiter.AfterOf(principalScope(visitor))) != 1 {
+			if r.budget.Left != 1_000_000 || len(r.limiter.AfterOf(principal.FromAccount(visitor).Scope())) != 1 {
 				t.Fatalf("left %d, principal AfterCalls %+v", r.budget.Left, r.limiter.After())
 			}
 		})
@@ -231,7 +232,7 @@ func TestSitePacingAndFallback(t *testing.T) {
 		if a[0].Op != p[0].Op || a[0].Actual != 0 || a[1].Op != p[1].Op || a[1].Actual != 350 {
 			t.Fatalf("site AfterCalls %+v: want nothing for the failed primary, then the fallback's 350", a)
 		}
-		if pa := r.limiter.AfterOf(principalScope(visitor)); len(pa) != 1 || pa[0].Actual != a[0].Actual+350 {
+		if pa := r.limiter.AfterOf(principal.FromAccount(visitor).Scope()); len(pa) != 1 || pa[0].Actual != a[0].Actual+350 {
 			t.Fatalf("principal AfterCall %+v: want both attempts' charges", pa)
 		}
 	})

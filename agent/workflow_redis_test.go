@@ -9,6 +9,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/codes"
+	"faregate/principal"
 	"faregate/protect/alert"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
@@ -64,7 +65,7 @@ func TestOnRealScripts(t *testing.T) {
 		}
 		// The bucket (capacity 2 × 6000) took prompt + max_tokens and got
 		// back all but the 350 used; the clock stood still, so no refill.
-		if lvl, err := lim.Level(context.Background(), principalScope(rec.Principal), 6000); err != nil || lvl != 12000-350 {
+		if lvl, err := lim.Level(context.Background(), principal.FromAccount(rec.Principal).Scope(), 6000); err != nil || lvl != 12000-350 {
 			t.Fatalf("bucket level %v, %v", lvl, err)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"faregate/agent/task"
+	"faregate/principal"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/plancache"
@@ -159,7 +160,7 @@ func (s *server) admit(list []check, tail func(*admission)) http.Handler {
 func (s *server) run(a *admission, from int) bool {
 	for i := from; i < len(a.list); i++ {
 		c := a.list[i]
-		if c.public && a.st.principal.Kind != KindVisitor {
+		if c.public && a.st.principal.Kind != principal.KindVisitor {
 			continue
 		}
 		a.next = i + 1

@@ -15,6 +15,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/codes"
+	"faregate/principal"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/policy"
@@ -102,7 +103,7 @@ func budgetRefusal(t *testing.T, now time.Time) error {
 func TestErrorTable(t *testing.T) {
 	now := time.Date(2026, 12, 1, 18, 48, 0, 0, time.UTC)
 	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000, FailedChecksPerHour: 20, StreamsPerPrincipal: 4}}, errors: newErrorTable(errorRows())}
-	tier := Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
+	tier := principal.Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
 	cases := []struct {
 		name   string
 		err    error
@@ -292,25 +293,25 @@ func TestStreamCaps(t *testing.T) {
 func TestMemo(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	m := newMemo(2, func() time.Time { return now })
-	m.remember(Principal{Kind: KindVisitor, ID: "a"}, ratelimit.ErrTooManyFailedChecks, time.Minute)
-	err := m.refusal(Principal{Kind: KindVisitor, ID: "a"})
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "a"}, ratelimit.ErrTooManyFailedChecks, time.Minute)
+	err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"})
 	var ra interface{ RetryAfter() time.Duration }
 	if !errors.Is(err, ratelimit.ErrTooManyFailedChecks) || !errors.As(err, &ra) || ra.RetryAfter() != time.Minute {
 		t.Fatalf("refusal %v", err)
 	}
 	now = now.Add(59 * time.Second)
-	if err := m.refusal(Principal{Kind: KindVisitor, ID: "a"}); err == nil {
+	if err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"}); err == nil {
 		t.Fatal("forgotten too early")
 	}
 	now = now.Add(time.Second)
-	if err := m.refusal(Principal{Kind: KindVisitor, ID: "a"}); err != nil {
+	if err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"}); err != nil {
 		t.Fatalf("still refused at its end: %v", err)
 	}
 	// Full: expired entries make room, live ones are kept.
-	m.remember(Principal{Kind: KindVisitor, ID: "b"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember(Principal{Kind: KindVisitor, ID: "c"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember(Principal{Kind: KindVisitor, ID: "d"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	if m.refusal(Principal{Kind: KindVisitor, ID: "b"}) == nil || m.refusal(Principal{Kind: KindVisitor, ID: "c"}) == nil || m.refusal(Principal{Kind: KindVisitor, ID: "d"}) != nil {
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "b"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "c"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "d"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	if m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "b"}) == nil || m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "c"}) == nil || m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "d"}) != nil {
 		t.Fatal("capacity not respected")
 	}
 }
@@ -331,7 +332,7 @@ func TestSetRateLimit(t *testing.T) {
 // principal is never held up.
 func TestInflight(t *testing.T) {
 	f := newInflight(2)
-	a := Principal{Kind: KindVisitor, ID: "a"}
+	a := principal.Principal{Kind: principal.KindVisitor, ID: "a"}
 	r1, err := f.acquire(context.Background(), a)
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +340,7 @@ func TestInflight(t *testing.T) {
 	if _, err := f.acquire(context.Background(), a); err != nil {
 		t.Fatal(err)
 	}
-	if rb, err := f.acquire(context.Background(), Principal{Kind: KindKey, ID: "a"}); err != nil {
+	if rb, err := f.acquire(context.Background(), principal.Principal{Kind: principal.KindKey, ID: "a"}); err != nil {
 		t.Fatalf("another principal waited: %v", err)
 	} else {
 		rb()
@@ -385,7 +386,7 @@ func TestDeadline(t *testing.T) {
 	h := s.deadline(s.window(false)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Error("the handler ran after a window check that never answered")
 	})))
-	p := Principal{Kind: KindVisitor, ID: "v"}
+	p := principal.Principal{Kind: principal.KindVisitor, ID: "v"}
 	serve := func(ctx context.Context) (*httptest.ResponseRecorder, *state) {
 		st := &state{id: "req-1", principal: p}
 		r := httptest.NewRequest("GET", "/api/config", nil)

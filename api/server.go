@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"faregate/agent/task"
+	"faregate/principal"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
@@ -81,23 +82,14 @@ type PlanCache interface {
 	Get(ctx context.Context, r plancache.Request) (plancache.Plan, bool, error)
 }
 
-// Tier is a tier's limits as the gate applies them.
-type Tier struct {
-	Name                                                          string
-	TasksPerDay, TokensPerDay, TokensPerMinute, RequestsPerMinute int64
-	// MaxSiteShare is the share of the site's daily tokens the tier's
-	// principals may use together (0 < s ≤ 1).
-	MaxSiteShare float64
-}
-
 // Policy is the policy in force (protect/policy, adapted by the caller):
 // tiers, keys and prompt rules. One request sees one Policy value, so a
 // reload never mixes two.
 type Policy interface {
-	Public() Tier
+	Public() principal.Tier
 	// Authenticate resolves a bearer token to its key's id and tier, or
 	// fails with an error that maps to 401 invalid_api_key.
-	Authenticate(token string) (id string, tier Tier, err error)
+	Authenticate(token string) (id string, tier principal.Tier, err error)
 	// CheckPrompt names the first static rule the texts match.
 	CheckPrompt(texts ...string) (rule string, matched bool)
 }
@@ -258,7 +250,7 @@ func PrincipalScope(r *http.Request) string {
 	if st.principal.Kind != "" {
 		return st.principal.Scope()
 	}
-	return Principal{Kind: KindVisitor, ID: st.visitor.Key()}.Scope()
+	return principal.Principal{Kind: principal.KindVisitor, ID: st.visitor.Key()}.Scope()
 }
 
 // RoutePattern is the chi route pattern of a routed request ("unmatched"

@@ -30,6 +30,7 @@ import (
 	"faregate/agent/taskstore"
 	"faregate/agent/tokens"
 	"faregate/api"
+	"faregate/principal"
 	"faregate/protect/aitf"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
@@ -181,7 +182,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		Dedupe: alert.RedisDeduper(rdb), Logger: lg, Registerer: reg})
 	a.closers = append(a.closers, a.alerts.Close)
 
-	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
+	public := principal.Tier{Name: principal.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
 		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
 	a.policies, err = policy.NewStore(policy.Options{
 		Path: cfg.PolicyFile, Defaults: public, Reload: a.hup, Logger: lg, Registerer: reg,

@@ -21,6 +21,7 @@ import (
 	"sync"
 
 	"faregate/codes"
+	"faregate/principal"
 )
 
 // ErrBadRemoteAddr reports a request whose RemoteAddr is not an IP address
@@ -273,13 +274,11 @@ func (v Visitor) RemoteIP() string {
 	return v.ip.String()
 }
 
-// String returns "v:" and the first 12 hex characters of the key: enough to
-// follow one visitor through the logs, never the IP.
+// String is the visitor as a principal shows in logs ("v:" and the first
+// 12 hex characters of the key): enough to follow one visitor through the
+// logs, never the IP.
 func (v Visitor) String() string {
-	if len(v.key) < 12 {
-		return "v:none"
-	}
-	return "v:" + v.key[:12]
+	return principal.Principal{Kind: principal.KindVisitor, ID: v.key}.String()
 }
 
 // GoString makes %#v print the same short form instead of the fields.
