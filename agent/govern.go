@@ -14,6 +14,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 	"faregate/protect/ratelimit"
 )
 
@@ -132,8 +133,8 @@ type Outcome struct {
 	// arguments and reasoning alike).
 	Counted int64
 	// Truncated is true when the attempt cut the stream at MaxOutput; Cut
-	// names why a stream was cut (task.WarnOutputTruncated,
-	// task.WarnOutputLoop), "" when it was not (Truncated alone means
+	// names why a stream was cut (codes.OutputTruncated,
+	// codes.OutputLoop), "" when it was not (Truncated alone means
 	// WarnOutputTruncated).
 	Truncated bool
 	Cut       string
@@ -158,7 +159,7 @@ type Outcome struct {
 // cut is why the attempt's stream was cut, "" when it was not.
 func (o Outcome) cut() string {
 	if o.Cut == "" && o.Truncated {
-		return task.WarnOutputTruncated
+		return codes.OutputTruncated
 	}
 	return o.Cut
 }
@@ -324,7 +325,7 @@ func (c *governedCall) book(ctx context.Context, model string) error {
 			break
 		}
 		if c.waited+wait > g.cfg.TokenWait {
-			return &failure{task.CodeTokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
+			return &failure{codes.TokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
 		}
 		if err := g.d.Sleep(ctx, wait); err != nil {
 			return err
@@ -352,16 +353,16 @@ func (c *governedCall) takeOnce(ctx context.Context) (time.Duration, error) {
 		PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: c.spec.Principal.TokensPerMinute, Op: op})
 	switch {
 	case errors.Is(err, ratelimit.ErrTooLarge):
-		return 0, &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
+		return 0, &failure{codes.TokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
 	case err != nil:
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
 		c.lg.Warn("token rate check failed", "err", err)
-		return 0, &failure{task.CodeAgentFailed, "the token rate could not be checked; please try again later"}
+		return 0, &failure{codes.AgentFailed, "the token rate could not be checked; please try again later"}
 	case d.Anomaly:
 		c.alerts.alertSpike(c.prompt, d)
-		return 0, &failure{task.CodeInputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
+		return 0, &failure{codes.InputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
 	case d.Taken:
 		c.take = &bucketTake{op: op, amount: amount}
 		return 0, nil
@@ -410,7 +411,7 @@ func (c *governedCall) reserve(ctx context.Context, model string) error {
 	c.lg.Warn("budget reserve failed", "err", err)
 	// The budget store failing is not the model's fault, and spending
 	// without a reservation is not allowed: fail closed.
-	return &failure{task.CodeAgentFailed, "the token budget could not be checked; please try again later"}
+	return &failure{codes.AgentFailed, "the token budget could not be checked; please try again later"}
 }
 
 // settle ends reservation res with what call used, charged in full (the
@@ -470,15 +471,15 @@ func (c *governedCall) bookPace(ctx context.Context) (time.Duration, error) {
 	var tooLong *ratelimit.WaitTooLongError
 	switch {
 	case errors.As(err, &tooLong):
-		return 0, &failure{task.CodeTokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
+		return 0, &failure{codes.TokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
 	case errors.Is(err, ratelimit.ErrTooLarge):
-		return 0, &failure{task.CodeTokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
+		return 0, &failure{codes.TokenRateLimited, "the next model call needs more tokens than the site's token rate allows at once"}
 	case err != nil:
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
 		c.lg.Warn("site token rate check failed", "err", err)
-		return 0, &failure{task.CodeAgentFailed, "the site's token rate could not be checked; please try again later"}
+		return 0, &failure{codes.AgentFailed, "the site's token rate could not be checked; please try again later"}
 	}
 	c.paced = &bucketTake{op: op, amount: amount}
 	return wait, nil

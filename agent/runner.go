@@ -17,6 +17,7 @@ import (
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
+	"faregate/protect/codes"
 	"faregate/protect/promreg"
 	"faregate/protect/tracing"
 )
@@ -177,7 +178,7 @@ func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, erro
 	r.lg.Error("task stored but not queued", "task", rec.ID, "request_id", rec.RequestID, "err", err.Error())
 	rec.Status = task.StatusFailed
 	rec.UpdatedAt = r.o.Now().UTC()
-	rec.Error = &task.TaskError{Code: task.CodeAgentFailed, Message: "the task could not be queued; please try again later"}
+	rec.Error = &task.TaskError{Code: codes.AgentFailed, Message: "the task could not be queued; please try again later"}
 	if ferr := r.store.FailUnqueued(context.WithoutCancel(ctx), rec); ferr != nil {
 		r.lg.Error("unqueued task not marked failed", "task", rec.ID, "err", ferr.Error())
 	}
@@ -452,7 +453,7 @@ func (r *Runner) workerLost(ctx context.Context, l taskstore.Lease, rec task.Rec
 	}
 	rec.Status = task.StatusFailed
 	rec.Result = nil
-	rec.Error = &task.TaskError{Code: task.CodeWorkerLost,
+	rec.Error = &task.TaskError{Code: codes.WorkerLost,
 		Message: "the server running this task stopped; the task was not run twice"}
 	if !r.save(ctx, l, &rec, true) {
 		return
@@ -557,12 +558,12 @@ func (r *Runner) failure(err error, runCtx context.Context) (code, msg string) {
 	}
 	switch {
 	case r.base.Err() != nil:
-		return task.CodeAgentFailed, "the server shut down while the task was running"
+		return codes.AgentFailed, "the server shut down while the task was running"
 	case runCtx.Err() != nil:
-		return task.CodeAgentFailed, "the task ran out of time"
+		return codes.AgentFailed, "the task ran out of time"
 	}
 	r.lg.Error("task failed", "err", err.Error())
-	return task.CodeAgentFailed, "the planner failed"
+	return codes.AgentFailed, "the planner failed"
 }
 
 // save writes a final record with its status and done events, retrying

@@ -13,6 +13,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/protect/clocktest"
+	"faregate/protect/codes"
 	"faregate/protect/redistest"
 )
 
@@ -146,7 +147,7 @@ func TestKilledReplica(t *testing.T) {
 	}
 	lost := waitStatus(t, b.store, first.ID, task.StatusFailed, testLease+5*time.Second)
 	took := time.Since(killedAt)
-	if lost.Error == nil || lost.Error.Code != task.CodeWorkerLost {
+	if lost.Error == nil || lost.Error.Code != codes.WorkerLost {
 		t.Fatalf("lost task error %+v, want worker_lost", lost.Error)
 	}
 	mu.Lock()
@@ -257,7 +258,7 @@ func TestShutdownGrace(t *testing.T) {
 		t.Fatalf("shutdown: %v", err)
 	}
 	got, err := r.store.Get(context.Background(), rec.ID)
-	if err != nil || got.Status != task.StatusFailed || got.Error == nil || got.Error.Code != task.CodeAgentFailed {
+	if err != nil || got.Status != task.StatusFailed || got.Error == nil || got.Error.Code != codes.AgentFailed {
 		t.Fatalf("after shutdown: %+v %v", got, err)
 	}
 	if _, err := r.Submit(context.Background(), task.Record{Principal: "v_a", Day: "2026-12-01"}); err != nil {
@@ -299,7 +300,7 @@ func TestSubmitNotQueued(t *testing.T) {
 	}
 	id := keys[0][len("faregate:task:{") : len(keys[0])-1]
 	rec, err := store.Get(ctx, id)
-	if err != nil || rec.Status != task.StatusFailed || rec.Error == nil || rec.Error.Code != task.CodeAgentFailed {
+	if err != nil || rec.Status != task.StatusFailed || rec.Error == nil || rec.Error.Code != codes.AgentFailed {
 		t.Fatalf("the unqueued task: %+v %v", rec, err)
 	}
 	evs, _ := be.Client.XRange(ctx, "faregate:task:{"+id+"}:events", "-", "+").Result()

@@ -9,6 +9,7 @@ import (
 
 	"faregate/agent/task"
 	"faregate/protect/budget"
+	"faregate/protect/principal"
 	"faregate/protect/tracing"
 )
 
@@ -67,7 +68,7 @@ func (r *Runner) startRun(ctx context.Context, rec *task.Record) (context.Contex
 	ctx, span := r.o.Tracer.Start(tracing.WithTraceParent(ctx, rec.Trace), spanRun,
 		oteltrace.WithSpanKind(oteltrace.SpanKindConsumer),
 		oteltrace.WithAttributes(attrTaskID.String(rec.ID), attrRequestID.String(rec.RequestID),
-			attrPrincipal.String(shownPrincipal(rec.Principal)), attrTier.String(rec.Tier)))
+			attrPrincipal.String(principal.FromAccount(rec.Principal).String()), attrTier.String(rec.Tier)))
 	return ctx, func() {
 		span.SetAttributes(attrStatus.String(rec.Status), attrSteps.Int(len(rec.Steps)),
 			attrGenAIInput.Int64(rec.Usage.PromptTokens),

@@ -24,6 +24,7 @@ import (
 	"faregate/agent/tools"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 	"faregate/protect/pause"
 	"faregate/protect/ratelimit"
 	"faregate/protect/tracing"
@@ -267,7 +268,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 		// Low-precision mode for traffic the AITF queue let through degraded:
 		// fewer steps, no page fetching, the cheaper model when there is one.
 		maxSteps = min(maxSteps, 2)
-		r.warn(task.WarnLowPrecision)
+		r.warn(codes.LowPrecision)
 	}
 	r.tools = map[string]tools.Tool{}
 	for _, t := range w.d.Tools(rec, func(code, detail string) {
@@ -296,7 +297,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 		}
 		if step >= maxSteps {
 			if !r.noTools {
-				r.warn(task.WarnStepLimit)
+				r.warn(codes.StepLimit)
 			}
 			break
 		}
@@ -311,7 +312,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 				break
 			}
 			if loopCtx.Err() != nil && ctx.Err() == nil {
-				r.warn(task.WarnTimeLimit)
+				r.warn(codes.TimeLimit)
 				break
 			}
 			return err
@@ -327,7 +328,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 	reply, err := r.call(ctx, false, "answer")
 	if err != nil {
 		if errors.Is(err, errBudgetRefused) {
-			return &failure{task.CodeAgentFailed, "the token budget ran out before an answer could be written"}
+			return &failure{codes.AgentFailed, "the token budget ran out before an answer could be written"}
 		}
 		return err
 	}
@@ -336,7 +337,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 
 func (r *run) warnTimeIfLoop(ctx context.Context) {
 	if ctx.Err() == nil {
-		r.warn(task.WarnTimeLimit)
+		r.warn(codes.TimeLimit)
 	}
 }
 
@@ -352,13 +353,13 @@ func (r *run) finish(ctx context.Context, text string) error {
 		reply, cerr := r.call(ctx, false, "repair")
 		if cerr != nil {
 			if errors.Is(cerr, errBudgetRefused) {
-				return &failure{task.CodeAgentFailed, "the token budget ran out before a valid answer was written"}
+				return &failure{codes.AgentFailed, "the token budget ran out before a valid answer was written"}
 			}
 			return cerr
 		}
 		summary, days, err = parseAnswer(reply.Content, r.rec.Request.Days)
 		if err != nil {
-			return &failure{task.CodeAgentFailed, "the model did not produce a valid itinerary: " + err.Error()}
+			return &failure{codes.AgentFailed, "the model did not produce a valid itinerary: " + err.Error()}
 		}
 	}
 	r.mu.Lock()

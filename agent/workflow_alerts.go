@@ -3,45 +3,21 @@ package agent
 import (
 	"fmt"
 	"math"
-	"strings"
 
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
+	"faregate/protect/principal"
 	"faregate/protect/ratelimit"
 )
 
-// shownHash is how much of a visitor's hash an alert may show: enough to
-// tell visitors apart in a day's alerts, too little to be the key itself.
-const shownHash = 12
+// principalScope is the rate limiter's scope of a principal account
+// ("v_<hash>" → "v:<hash>"): principal.Principal's Scope form.
+func principalScope(account string) string { return principal.FromAccount(account).Scope() }
 
-// principalScope is the rate limiter's scope of a principal, the api's
-// Principal.Scope form: "v_<hash>" → "v:<hash>", "k_<id>" → "k:<id>".
-func principalScope(p string) string {
-	if len(p) > 2 && (p[:2] == "v_" || p[:2] == "k_") {
-		return p[:1] + ":" + p[2:]
-	}
-	return p
-}
-
-// shownPrincipal is a principal as alerts show it: a visitor's hash cut to
-// its first 12 hex digits ("v:0123456789ab"), a key's id whole ("k:acme").
-// Anything else is cut like a hash, in case it is one.
-func shownPrincipal(p string) string {
-	switch {
-	case strings.HasPrefix(p, "k_"):
-		return principalScope(p)
-	case strings.HasPrefix(p, "v_"):
-		return "v:" + clipBytes(p[2:], shownHash)
-	}
-	return clipBytes(p, shownHash)
-}
-
-func clipBytes(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
+// shownPrincipal is a principal as alerts show it (principal.Principal's
+// String form: a visitor's hash cut, a key's id whole).
+func shownPrincipal(account string) string { return principal.FromAccount(account).String() }
 
 // scopeName names a budget scope of this run for an alert.
 func scopeName(s budget.Scope, name string) string {
@@ -108,20 +84,30 @@ func (r callAlerts) alertExhausted(ex *budget.ExhaustedError, req budget.Request
 	if !ex.First {
 		return
 	}
+	a := ExhaustedAlert(ex, req.Principal, req.Tier, req.Task, "model calls")
+	a.Details["model"] = req.Model
+	r.alert(a)
+}
+
+// ExhaustedAlert is the budget_exhausted alert of a scope's first refusal
+// of the day, for a run's reservation and the gate's admission check alike
+// (cmd/faregate raises the gate's): account, tier and taskID name the
+// refused request (an account, a tier name, a task id or ""), refused what
+// the refusal stops ("model calls", "new tasks").
+func ExhaustedAlert(ex *budget.ExhaustedError, account, tier, taskID, refused string) alert.Alert {
 	name := ""
 	switch ex.Scope {
 	case budget.ScopePrincipal:
-		name = req.Principal
+		name = account
 	case budget.ScopeTier:
-		name = req.Tier
+		name = tier
 	case budget.ScopeTask:
-		name = req.Task
+		name = taskID
 	}
 	scope := scopeName(ex.Scope, name)
-	r.alert(alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
-		Text: fmt.Sprintf("%s has exhausted its daily budget: model calls are refused until midnight UTC", scope),
-		Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit(ex.Scope),
-			"model": req.Model}})
+	return alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
+		Text:    fmt.Sprintf("%s has exhausted its daily budget: %s are refused until midnight UTC", scope, refused),
+		Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit(ex.Scope)}}
 }
 
 // alertOverage raises overage when a settlement charged beyond its hold.
@@ -145,7 +131,7 @@ func (r callAlerts) alertOverage(res budget.Reservation, s budget.Settlement) {
 // over 10× the principal's average, which was not made.
 func (r callAlerts) alertSpike(prompt int64, d ratelimit.CallDecision) {
 	who := shownPrincipal(r.principal)
-	details := map[string]any{"kind": "input_spike", "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
+	details := map[string]any{"kind": codes.InputSpike, "prompt_tokens": prompt, "ema": d.EMA, "samples": d.Samples,
 		"anomalies_in_hour": d.AnomaliesInHour}
 	if d.BlockedFor > 0 {
 		details["blocked_for_seconds"] = int64(math.Ceil(d.BlockedFor.Seconds()))

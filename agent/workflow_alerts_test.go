@@ -11,6 +11,7 @@ import (
 	"faregate/agent/task"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 )
 
 // noFullHash fails when any alert shows more of the visitor's hash than
@@ -21,8 +22,8 @@ func noFullHash(t *testing.T, alerts []alert.Alert) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hash := visitor[2:]; strings.Contains(string(raw), hash[:shownHash+1]) {
-		t.Fatalf("an alert shows more than %d hex digits of the visitor's hash: %s", shownHash, raw)
+	if hash := visitor[2:]; strings.Contains(string(raw), hash[:13]) {
+		t.Fatalf("an alert shows more than 12 hex digits of the visitor's hash: %s", raw)
 	}
 }
 
@@ -173,7 +174,7 @@ func TestBudgetExhaustedAlert(t *testing.T) {
 				return budget.Reservation{}, ex
 			}
 			_, err := r.run(t, lisbon)
-			if code, _, _ := FailureCode(err); code != task.CodeAgentFailed || len(m.Turns()) != 0 {
+			if code, _, _ := FailureCode(err); code != codes.AgentFailed || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
 			got := r.alerts.Of(alert.BudgetExhausted)
@@ -195,20 +196,27 @@ func TestNoAlertCallback(t *testing.T) {
 	}
 }
 
-// TestPrincipalForms: the limiter's scope and the alerts' form of a
-// principal.
-func TestPrincipalForms(t *testing.T) {
-	for _, tc := range []struct{ in, scope, shown string }{
-		{visitor, "v:" + visitor[2:], "v:0123456789ab"},
-		{"k_acme", "k:acme", "k:acme"},
-		{"v_abc", "v:abc", "v:abc"},
-		{"somebody-else-entirely", "somebody-else-entirely", "somebody-els"},
+// TestExhaustedAlertForms: the gate's alert and the run's come from one
+// builder: the same scope forms and sentence, what is refused aside.
+func TestExhaustedAlertForms(t *testing.T) {
+	for _, tc := range []struct {
+		scope budget.Scope
+		want  string
+	}{
+		{budget.ScopePrincipal, "principal:v:0123456789ab"},
+		{budget.ScopeTier, "tier:public"},
+		{budget.ScopeTask, "task:t_1"},
+		{budget.ScopeSite, "site"},
 	} {
-		if got := principalScope(tc.in); got != tc.scope {
-			t.Errorf("principalScope(%q) = %q, want %q", tc.in, got, tc.scope)
+		ex := &budget.ExhaustedError{Scope: tc.scope, First: true, Remaining: 7}
+		a := ExhaustedAlert(ex, visitor, "public", "t_1", "new tasks")
+		if a.Event != alert.BudgetExhausted || a.Scope != tc.want || a.Severity != alert.Critical ||
+			a.Text != tc.want+" has exhausted its daily budget: new tasks are refused until midnight UTC" ||
+			a.Details["remaining"] != int64(7) || a.Details["unit"] != "tokens" {
+			t.Errorf("%s: %+v", tc.scope, a)
 		}
-		if got := shownPrincipal(tc.in); got != tc.shown {
-			t.Errorf("shownPrincipal(%q) = %q, want %q", tc.in, got, tc.shown)
-		}
+	}
+	if a := ExhaustedAlert(&budget.ExhaustedError{Scope: budget.ScopePrincipal}, "k_acme", "", "", "model calls"); a.Scope != "principal:k:acme" {
+		t.Errorf("key scope %q", a.Scope)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"faregate/agent/task"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 )
 
 // answers is a model that answers every call with a plan and the usage given.
@@ -79,7 +80,7 @@ func TestMoneyFollowsTheModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(primary.Turns()) != 0 || rec.Result.Model != "cheap" || !slices.Contains(rec.Warnings, task.WarnFallbackModel) {
+	if len(primary.Turns()) != 0 || rec.Result.Model != "cheap" || !slices.Contains(rec.Warnings, codes.FallbackModel) {
 		t.Fatalf("primary called %d times; result %+v warnings %v", len(primary.Turns()), rec.Result, rec.Warnings)
 	}
 	res := r.budget.Reserved()
@@ -114,7 +115,7 @@ func TestBreakerOpenWithoutFallbackGivesBack(t *testing.T) {
 	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
 	_ = r.models.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
 	_, err := r.run(t, lisbon)
-	if code, _, ok := FailureCode(err); !ok || code != task.CodeModelUnavailable {
+	if code, _, ok := FailureCode(err); !ok || code != codes.ModelUnavailable {
 		t.Fatalf("err %v", err)
 	}
 	st := r.budget.Settled()
@@ -166,7 +167,7 @@ func TestNoLedgerEntryForRefusals(t *testing.T) {
 	r := newRig(m)
 	r.budget.Left = 10
 	rec, err := r.run(t, lisbon)
-	if code, _, ok := FailureCode(err); !ok || code != task.CodeAgentFailed {
+	if code, _, ok := FailureCode(err); !ok || code != codes.AgentFailed {
 		t.Fatalf("err %v", err)
 	}
 	if len(m.Turns()) != 0 || len(r.ledger.Entries()) != 0 || rec.Usage != (task.Usage{}) {
@@ -223,8 +224,8 @@ func TestClosingCallFitsTokenScopesOnly(t *testing.T) {
 
 // TestFailureCode reads a run error's code; other errors are not failures.
 func TestFailureCode(t *testing.T) {
-	err := fmtWrap(&failure{task.CodeInputSpike, "spike"})
-	if code, msg, ok := FailureCode(err); !ok || code != task.CodeInputSpike || msg != "spike" {
+	err := fmtWrap(&failure{codes.InputSpike, "spike"})
+	if code, msg, ok := FailureCode(err); !ok || code != codes.InputSpike || msg != "spike" {
 		t.Fatalf("FailureCode = %q, %q, %v", code, msg, ok)
 	}
 	if _, _, ok := FailureCode(context.DeadlineExceeded); ok {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"faregate/agent/chat"
-	"faregate/agent/task"
+	"faregate/protect/codes"
 	"faregate/protect/repetition"
 )
 
@@ -42,7 +42,7 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 		switch {
 		case errors.Is(err, errBudgetRefused):
 			detail = "token budget exhausted"
-			r.warn(task.WarnBudgetExhausted)
+			r.warn(codes.BudgetExhausted)
 		case errors.As(err, &f):
 			detail = f.msg
 		case ctx.Err() != nil:
@@ -53,10 +53,10 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 			return chat.Reply{}, err
 		}
 		r.lg.Warn("model call failed", "model", out.Model.Name, "err", err)
-		return chat.Reply{}, &failure{task.CodeModelUnavailable, "the model provider did not answer; please try again later"}
+		return chat.Reply{}, &failure{codes.ModelUnavailable, "the model provider did not answer; please try again later"}
 	}
 	if out.FellBack && !r.lowPrec {
-		r.warn(task.WarnFallbackModel)
+		r.warn(codes.FallbackModel)
 	}
 	r.lastModel = out.Model
 	reply := out.Reply
@@ -135,21 +135,21 @@ func (r *run) attempt(ctx context.Context, a Attempt, defs []chat.ToolDef) (Outc
 		}
 		// Reasoning is output like any other: counted, cut, not kept.
 		if ch.Reasoning != "" && !out.take(ch.Reasoning, false) {
-			return stop(task.WarnOutputTruncated)
+			return stop(codes.OutputTruncated)
 		}
 		if ch.ToolCall != "" && !out.take(ch.ToolCall, false) {
-			return stop(task.WarnOutputTruncated)
+			return stop(codes.OutputTruncated)
 		}
 		if ch.Text == "" {
 			return nil
 		}
 		if !out.take(ch.Text, true) {
-			return stop(task.WarnOutputTruncated)
+			return stop(codes.OutputTruncated)
 		}
 		// Only text is checked for loops: tool-call arguments repeat
 		// their own framing by nature.
 		if detector.Write([]byte(ch.Text)) {
-			return stop(task.WarnOutputLoop)
+			return stop(codes.OutputLoop)
 		}
 		return nil
 	}

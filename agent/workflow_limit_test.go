@@ -13,6 +13,7 @@ import (
 	"faregate/agent/chat"
 	"faregate/agent/task"
 	"faregate/protect/alert"
+	"faregate/protect/codes"
 	"faregate/protect/ratelimit"
 )
 
@@ -52,7 +53,7 @@ func TestInputSpike(t *testing.T) {
 		return nil
 	})
 	code, msg, ok := FailureCode(err)
-	if !ok || code != task.CodeInputSpike || !strings.Contains(msg, "not made") {
+	if !ok || code != codes.InputSpike || !strings.Contains(msg, "not made") {
 		t.Fatalf("err %v", err)
 	}
 	if n := len(m.Turns()); n != 5 {
@@ -163,7 +164,7 @@ func TestBucketWaitBound(t *testing.T) {
 	r.limiter = &fakeLimiter{BeforeCallFn: shortThen(15*time.Second, 10*time.Second)}
 	r.sleeps = &sleepLog{}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != task.CodeTokenRateLimited {
+	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited {
 		t.Fatalf("err %v", err)
 	}
 	if w := r.sleeps.Waits(); !slices.Equal(w, []time.Duration{15 * time.Second}) {
@@ -181,7 +182,7 @@ func TestDefaultTokenWait(t *testing.T) {
 	r.limiter = &fakeLimiter{BeforeCallFn: shortThen(DefaultTokenWait, time.Millisecond)}
 	r.sleeps = &sleepLog{}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != task.CodeTokenRateLimited || len(r.sleeps.Waits()) != 1 {
+	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited || len(r.sleeps.Waits()) != 1 {
 		t.Fatalf("err %v after waits %v", err, r.sleeps.Waits())
 	}
 }
@@ -259,8 +260,8 @@ func TestLimiterFailures(t *testing.T) {
 		err  error
 		code string
 	}{
-		{fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable), task.CodeAgentFailed},
-		{fmt.Errorf("%w: 2000 tokens, capacity 200", ratelimit.ErrTooLarge), task.CodeTokenRateLimited},
+		{fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable), codes.AgentFailed},
+		{fmt.Errorf("%w: 2000 tokens, capacity 200", ratelimit.ErrTooLarge), codes.TokenRateLimited},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
 			m := answers(chat.Usage{})
@@ -273,7 +274,7 @@ func TestLimiterFailures(t *testing.T) {
 			if code != tc.code || len(m.Turns()) != 0 || len(r.budget.Reserved()) != 0 {
 				t.Fatalf("err %v after %d calls and %d reservations", err, len(m.Turns()), len(r.budget.Reserved()))
 			}
-			if tc.code == task.CodeAgentFailed && !strings.Contains(msg, "could not be checked") {
+			if tc.code == codes.AgentFailed && !strings.Contains(msg, "could not be checked") {
 				t.Fatalf("message %q", msg)
 			}
 		})

@@ -14,6 +14,8 @@ import (
 	"faregate/agent/task"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
+	"faregate/protect/principal"
 	"faregate/protect/ratelimit"
 )
 
@@ -129,7 +131,7 @@ func TestSitePacingTooLong(t *testing.T) {
 		return 0, &ratelimit.WaitTooLongError{Wait: 45 * time.Second, MaxWait: maxWait, After: 35 * time.Second}
 	}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != task.CodeTokenRateLimited {
+	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited {
 		t.Fatalf("err %v", err)
 	}
 	if p := r.limiter.Paces(); len(p) != 1 || p[0].MaxWait != 10*time.Second {
@@ -140,7 +142,7 @@ func TestSitePacingTooLong(t *testing.T) {
 		t.Fatalf("settlements %+v, left %d: the reservation was not given back", st, r.budget.Left)
 	}
 	b := r.limiter.Before()
-	if a := r.limiter.AfterOf(principalScope(visitor)); len(a) != 1 || a[0].Reserved != b[0].Amount || a[0].Actual != 0 {
+	if a := r.limiter.AfterOf(principal.FromAccount(visitor).Scope()); len(a) != 1 || a[0].Reserved != b[0].Amount || a[0].Actual != 0 {
 		t.Fatalf("principal AfterCall %+v", a)
 	}
 	if a := r.limiter.AfterOf(ratelimit.SiteScope); len(a) != 0 {
@@ -159,8 +161,8 @@ func TestSitePacingFailures(t *testing.T) {
 		err  error
 		code string
 	}{
-		{fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable), task.CodeAgentFailed},
-		{fmt.Errorf("%w: 70000 tokens, capacity 60000", ratelimit.ErrTooLarge), task.CodeTokenRateLimited},
+		{fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable), codes.AgentFailed},
+		{fmt.Errorf("%w: 70000 tokens, capacity 60000", ratelimit.ErrTooLarge), codes.TokenRateLimited},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
 			m := answers(chat.Usage{})
@@ -172,7 +174,7 @@ func TestSitePacingFailures(t *testing.T) {
 			if code, _, _ := FailureCode(err); code != tc.code || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
-			if r.budget.Left != 1_000_000 || len(r.limiter.AfterOf(principalScope(visitor))) != 1 {
+			if r.budget.Left != 1_000_000 || len(r.limiter.AfterOf(principal.FromAccount(visitor).Scope())) != 1 {
 				t.Fatalf("left %d, principal AfterCalls %+v", r.budget.Left, r.limiter.After())
 			}
 		})
@@ -230,7 +232,7 @@ func TestSitePacingAndFallback(t *testing.T) {
 		if a[0].Op != p[0].Op || a[0].Actual != 0 || a[1].Op != p[1].Op || a[1].Actual != 350 {
 			t.Fatalf("site AfterCalls %+v: want nothing for the failed primary, then the fallback's 350", a)
 		}
-		if pa := r.limiter.AfterOf(principalScope(visitor)); len(pa) != 1 || pa[0].Actual != a[0].Actual+350 {
+		if pa := r.limiter.AfterOf(principal.FromAccount(visitor).Scope()); len(pa) != 1 || pa[0].Actual != a[0].Actual+350 {
 			t.Fatalf("principal AfterCall %+v: want both attempts' charges", pa)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"faregate/agent/task"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 	"faregate/protect/redistest"
 )
 
@@ -117,7 +118,7 @@ func TestReasoningIsOutput(t *testing.T) {
 	}}
 	r := newRig(m)
 	rec, _ := r.run(t, lisbon)
-	if !slices.Contains(rec.Warnings, task.WarnOutputTruncated) {
+	if !slices.Contains(rec.Warnings, codes.OutputTruncated) {
 		t.Fatalf("warnings %v: want output_truncated", rec.Warnings)
 	}
 	st := r.budget.Settled()

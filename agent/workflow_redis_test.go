@@ -11,6 +11,8 @@ import (
 	"faregate/protect/alert"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
+	"faregate/protect/principal"
 	"faregate/protect/ratelimit"
 	"faregate/protect/redistest"
 )
@@ -63,7 +65,7 @@ func TestOnRealScripts(t *testing.T) {
 		}
 		// The bucket (capacity 2 × 6000) took prompt + max_tokens and got
 		// back all but the 350 used; the clock stood still, so no refill.
-		if lvl, err := lim.Level(context.Background(), principalScope(rec.Principal), 6000); err != nil || lvl != 12000-350 {
+		if lvl, err := lim.Level(context.Background(), principal.FromAccount(rec.Principal).Scope(), 6000); err != nil || lvl != 12000-350 {
 			t.Fatalf("bucket level %v, %v", lvl, err)
 		}
 	})
@@ -84,7 +86,7 @@ func TestOnRealScripts(t *testing.T) {
 			return 1000
 		}
 		err := NewWorkflow(r.cfg, d).Run(context.Background(), record(lisbon), func(*task.Record, ...task.Event) error { return nil })
-		if code, _, _ := FailureCode(err); code != task.CodeInputSpike || len(m.Turns()) != 5 {
+		if code, _, _ := FailureCode(err); code != codes.InputSpike || len(m.Turns()) != 5 {
 			t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 		}
 		a := r.alerts.Of(alert.Anomaly)

@@ -14,6 +14,7 @@ import (
 	"faregate/agent/tools"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 )
 
 var lisbon = task.Request{Destination: "Lisbon", Days: 2, Interests: []string{"food"}}
@@ -173,7 +174,7 @@ func TestStepLimit(t *testing.T) {
 		}
 	}
 	closingTurn(t, turns[3])
-	if !slices.Contains(rec.Warnings, task.WarnStepLimit) || rec.Result == nil {
+	if !slices.Contains(rec.Warnings, codes.StepLimit) || rec.Result == nil {
 		t.Fatalf("warnings %v result %v", rec.Warnings, rec.Result)
 	}
 	if s := r.steps(t); s[len(s)-1].Name != "answer" {
@@ -201,7 +202,7 @@ func TestToolLoop(t *testing.T) {
 		t.Fatalf("%d model calls, %d executions; want 4 and 1", len(turns), len(w.Calls()))
 	}
 	closingTurn(t, turns[3])
-	if !slices.Contains(rec.Warnings, task.WarnToolLoop) || slices.Contains(rec.Warnings, task.WarnStepLimit) {
+	if !slices.Contains(rec.Warnings, codes.ToolLoop) || slices.Contains(rec.Warnings, codes.StepLimit) {
 		t.Fatalf("warnings %v", rec.Warnings)
 	}
 }
@@ -234,7 +235,7 @@ func TestToolLimit(t *testing.T) {
 	if refusal.Role != chat.RoleTool || !strings.Contains(refusal.Content, "Tool-call limit reached") {
 		t.Fatalf("refused call answered %+v", refusal)
 	}
-	if !slices.Contains(rec.Warnings, task.WarnToolLimit) {
+	if !slices.Contains(rec.Warnings, codes.ToolLimit) {
 		t.Fatalf("warnings %v", rec.Warnings)
 	}
 }
@@ -288,7 +289,7 @@ func TestTimeLimit(t *testing.T) {
 			t.Fatalf("%d model calls", len(turns))
 		}
 		closingTurn(t, turns[2])
-		if !slices.Contains(rec.Warnings, task.WarnTimeLimit) || rec.Result == nil {
+		if !slices.Contains(rec.Warnings, codes.TimeLimit) || rec.Result == nil {
 			t.Fatalf("warnings %v result %v", rec.Warnings, rec.Result)
 		}
 		st := r.steps(t)
@@ -311,7 +312,7 @@ func TestRunOutOfTime(t *testing.T) {
 		defer cancel()
 		rec := record(lisbon)
 		err := r.workflow().Run(ctx, rec, func(*task.Record, ...task.Event) error { return nil })
-		if !errors.Is(err, context.DeadlineExceeded) || rec.Result != nil || slices.Contains(rec.Warnings, task.WarnTimeLimit) {
+		if !errors.Is(err, context.DeadlineExceeded) || rec.Result != nil || slices.Contains(rec.Warnings, codes.TimeLimit) {
 			t.Fatalf("err %v warnings %v", err, rec.Warnings)
 		}
 	})
@@ -344,7 +345,7 @@ func TestBudgetRefusalMidTask(t *testing.T) {
 	if int64(turns[1].MaxTokens) != left-prompt || turns[1].MaxTokens < minClosingTokens {
 		t.Fatalf("closing max_tokens %d, want what is left: %d - %d", turns[1].MaxTokens, left, prompt)
 	}
-	if !slices.Contains(rec.Warnings, task.WarnBudgetExhausted) || rec.Result == nil {
+	if !slices.Contains(rec.Warnings, codes.BudgetExhausted) || rec.Result == nil {
 		t.Fatalf("warnings %v result %v", rec.Warnings, rec.Result)
 	}
 }
@@ -357,7 +358,7 @@ func TestBudgetTooSmallToClose(t *testing.T) {
 	r.budget.Left = 100
 	_, err := r.run(t, lisbon)
 	var f *failure
-	if !errors.As(err, &f) || f.code != task.CodeAgentFailed || !strings.Contains(f.msg, "budget ran out") {
+	if !errors.As(err, &f) || f.code != codes.AgentFailed || !strings.Contains(f.msg, "budget ran out") {
 		t.Fatalf("err %v", err)
 	}
 	if len(m.Turns()) != 0 {
@@ -391,7 +392,7 @@ func TestBudgetStoreDown(t *testing.T) {
 	}
 	_, err := r.run(t, lisbon)
 	var f *failure
-	if !errors.As(err, &f) || f.code != task.CodeAgentFailed || len(m.Turns()) != 0 {
+	if !errors.As(err, &f) || f.code != codes.AgentFailed || len(m.Turns()) != 0 {
 		t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 	}
 }
@@ -437,10 +438,10 @@ func TestStreamCut(t *testing.T) {
 		t.Fatalf("settled %+v, want prompt %d + 300", st[0], prompt)
 	}
 	e := r.ledger.Entries()[0]
-	if e.Outcome != task.WarnOutputTruncated || e.CompletionTokens != 300 || e.PromptTokens != prompt {
+	if e.Outcome != codes.OutputTruncated || e.CompletionTokens != 300 || e.PromptTokens != prompt {
 		t.Fatalf("ledger %+v", e)
 	}
-	if !slices.Contains(rec.Warnings, task.WarnOutputTruncated) || rec.Result == nil {
+	if !slices.Contains(rec.Warnings, codes.OutputTruncated) || rec.Result == nil {
 		t.Fatalf("warnings %v", rec.Warnings)
 	}
 }
@@ -464,12 +465,12 @@ func TestStreamedToolCallsAreCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := r.ledger.Entries()[0]; e.CompletionTokens != 256 || e.Outcome != task.WarnOutputTruncated {
+	if e := r.ledger.Entries()[0]; e.CompletionTokens != 256 || e.Outcome != codes.OutputTruncated {
 		t.Fatalf("ledger %+v", e)
 	}
 	// Nothing of the cut answer is kept as text; the run closes.
 	turns := m.Turns()
-	if len(turns) < 2 || !slices.Contains(rec.Warnings, task.WarnOutputTruncated) {
+	if len(turns) < 2 || !slices.Contains(rec.Warnings, codes.OutputTruncated) {
 		t.Fatalf("%d calls, warnings %v", len(turns), rec.Warnings)
 	}
 }
@@ -484,14 +485,14 @@ func TestRepetitionCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := r.ledger.Entries()[0]
-	if e.Outcome != task.WarnOutputLoop || e.CompletionTokens >= 1024/2 || e.CompletionTokens == 0 {
+	if e.Outcome != codes.OutputLoop || e.CompletionTokens >= 1024/2 || e.CompletionTokens == 0 {
 		t.Fatalf("ledger %+v: not cut early", e)
 	}
 	kept := m.Turns()[1].Messages[len(m.Turns()[1].Messages)-2]
 	if chat.EstimateTokens(kept.Content) != e.CompletionTokens {
 		t.Fatalf("kept %d tokens, charged %d", chat.EstimateTokens(kept.Content), e.CompletionTokens)
 	}
-	if !slices.Contains(rec.Warnings, task.WarnOutputLoop) || rec.Result == nil {
+	if !slices.Contains(rec.Warnings, codes.OutputLoop) || rec.Result == nil {
 		t.Fatalf("warnings %v", rec.Warnings)
 	}
 }
@@ -504,7 +505,7 @@ func TestInvalidAnswers(t *testing.T) {
 	r := newRig(m)
 	_, err := r.run(t, lisbon)
 	var f *failure
-	if !errors.As(err, &f) || f.code != task.CodeAgentFailed || !strings.Contains(f.msg, "valid itinerary") || len(m.Turns()) != 2 {
+	if !errors.As(err, &f) || f.code != codes.AgentFailed || !strings.Contains(f.msg, "valid itinerary") || len(m.Turns()) != 2 {
 		t.Fatalf("err %v after %d calls", err, len(m.Turns()))
 	}
 }
@@ -534,8 +535,8 @@ func TestLowPrecisionRun(t *testing.T) {
 		t.Fatalf("tools offered %v", got)
 	}
 	closingTurn(t, turns[2])
-	if rec.Result.Model != "cheap" || !slices.Contains(rec.Warnings, task.WarnLowPrecision) ||
-		!slices.Contains(rec.Warnings, task.WarnStepLimit) || slices.Contains(rec.Warnings, task.WarnFallbackModel) {
+	if rec.Result.Model != "cheap" || !slices.Contains(rec.Warnings, codes.LowPrecision) ||
+		!slices.Contains(rec.Warnings, codes.StepLimit) || slices.Contains(rec.Warnings, codes.FallbackModel) {
 		t.Fatalf("result %+v warnings %v", rec.Result, rec.Warnings)
 	}
 }
@@ -557,7 +558,7 @@ func TestFallback(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.Result.Model != "cheap" || !slices.Contains(rec.Warnings, task.WarnFallbackModel) {
+		if rec.Result.Model != "cheap" || !slices.Contains(rec.Warnings, codes.FallbackModel) {
 			t.Fatalf("result %+v warnings %v", rec.Result, rec.Warnings)
 		}
 		st := r.budget.Settled()
@@ -573,7 +574,7 @@ func TestFallback(t *testing.T) {
 		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
 		_, err := r.run(t, lisbon)
 		var f *failure
-		if !errors.As(err, &f) || f.code != task.CodeModelUnavailable {
+		if !errors.As(err, &f) || f.code != codes.ModelUnavailable {
 			t.Fatalf("err %v", err)
 		}
 		if r.models.Status() != task.ModelUnavailable {
@@ -582,7 +583,7 @@ func TestFallback(t *testing.T) {
 		// While it is open, calls are refused without reaching the model.
 		before := len(r.models.Primary.Model.(*fakeModel).Turns())
 		_, err = r.run(t, lisbon)
-		if !errors.As(err, &f) || f.code != task.CodeModelUnavailable || len(r.models.Primary.Model.(*fakeModel).Turns()) != before {
+		if !errors.As(err, &f) || f.code != codes.ModelUnavailable || len(r.models.Primary.Model.(*fakeModel).Turns()) != before {
 			t.Fatalf("while open: %v", err)
 		}
 	})

@@ -9,8 +9,8 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/outbound"
-	"faregate/agent/task"
 	"faregate/agent/tools"
+	"faregate/protect/codes"
 )
 
 // runTools executes the tool calls of one model answer, in order, and
@@ -47,7 +47,7 @@ func (r *run) toolCall(ctx context.Context, id, name, args string, depth int) to
 		if m.count >= 3 {
 			// The model is looping on one call: stop offering tools.
 			r.withdrawn = true
-			r.warn(task.WarnToolLoop)
+			r.warn(codes.ToolLoop)
 			detail = "repeated call: tools withdrawn"
 		}
 		r.endStep(st, "cached", detail)
@@ -55,7 +55,7 @@ func (r *run) toolCall(ctx context.Context, id, name, args string, depth int) to
 	}
 	if r.executed >= r.w.cfg.MaxToolCalls {
 		r.withdrawn = true
-		r.warn(task.WarnToolLimit)
+		r.warn(codes.ToolLimit)
 		st := r.startStep("tool", name, argsDetail(args))
 		r.endStep(st, "failed", "tool-call limit reached")
 		return tools.Observation{Text: "Tool-call limit reached for this task; answer from what you have.", Failed: true}

@@ -11,6 +11,7 @@ import (
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/plancache"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 	"faregate/protect/turnstile"
@@ -159,7 +160,7 @@ func (s *server) admit(list []check, tail func(*admission)) http.Handler {
 func (s *server) run(a *admission, from int) bool {
 	for i := from; i < len(a.list); i++ {
 		c := a.list[i]
-		if c.public && a.st.principal.Kind != KindVisitor {
+		if c.public && a.st.principal.Kind != principal.KindVisitor {
 			continue
 		}
 		a.next = i + 1

@@ -14,6 +14,7 @@ import (
 
 	"faregate/protect/budget"
 	"faregate/protect/plancache"
+	"faregate/protect/principal"
 	"faregate/protect/turnstile"
 )
 
@@ -157,7 +158,7 @@ func TestAdmissionLoop(t *testing.T) {
 	}
 	serve := func(kind string, list []check) (*httptest.ResponseRecorder, bool) {
 		ran = nil
-		st := &state{id: "req-1", principal: Principal{Kind: kind, ID: "abc"}}
+		st := &state{id: "req-1", principal: principal.Principal{Kind: kind, ID: "abc"}}
 		r := httptest.NewRequest("POST", "/api/tasks", nil)
 		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 		w := httptest.NewRecorder()
@@ -175,28 +176,28 @@ func TestAdmissionLoop(t *testing.T) {
 		failed int
 		tailed bool
 	}{
-		{"all pass", KindVisitor, []check{{name: "a", run: step("a", nil)}, {name: "b", run: step("b", nil)}},
+		{"all pass", principal.KindVisitor, []check{{name: "a", run: step("a", nil)}, {name: "b", run: step("b", nil)}},
 			[]string{"a", "b", "tail"}, 200, 0, true},
-		{"refusal stops the order", KindVisitor, []check{{name: "a", run: step("a", nil)},
+		{"refusal stops the order", principal.KindVisitor, []check{{name: "a", run: step("a", nil)},
 			{name: "b", run: step("b", &retryError{ErrServerBusy, time.Second})}, {name: "c", run: step("c", nil)}},
 			[]string{"a", "b"}, 503, 0, false},
-		{"400 is a failed check", KindVisitor, []check{{name: "a", run: step("a", invalid("days", "no"))}},
+		{"400 is a failed check", principal.KindVisitor, []check{{name: "a", run: step("a", invalid("days", "no"))}},
 			[]string{"a"}, 400, 1, false},
-		{"403 is a failed check", KindVisitor, []check{{name: "a", run: step("a", turnstile.ErrRejected)}},
+		{"403 is a failed check", principal.KindVisitor, []check{{name: "a", run: step("a", turnstile.ErrRejected)}},
 			[]string{"a"}, 403, 1, false},
-		{"a key skips the public lane", KindKey, []check{{name: "a", run: step("a", nil)},
+		{"a key skips the public lane", principal.KindKey, []check{{name: "a", run: step("a", nil)},
 			{name: "turnstile", run: step("turnstile", turnstile.ErrRejected), public: true}, {name: "c", run: step("c", nil)}},
 			[]string{"a", "c", "tail"}, 200, 0, true},
-		{"a cached plan resumes at the count", KindVisitor, []check{{name: "cache", run: step("cache", errServeCached)},
+		{"a cached plan resumes at the count", principal.KindVisitor, []check{{name: "cache", run: step("cache", errServeCached)},
 			{name: "budget", run: step("budget", nil)}, {name: "count", run: step("count", nil), resume: true}},
 			[]string{"cache", "count", "tail"}, 200, 0, true},
-		{"a fallback refusal answered by a cached plan", KindVisitor, []check{{name: "budget", run: step("budget", budget.ErrExhausted), fallback: budget.ErrExhausted},
+		{"a fallback refusal answered by a cached plan", principal.KindVisitor, []check{{name: "budget", run: step("budget", budget.ErrExhausted), fallback: budget.ErrExhausted},
 			{name: "pacing", run: step("pacing", nil)}, {name: "count", run: step("count", nil), resume: true}},
 			[]string{"budget", "count", "tail"}, 200, 0, true},
-		{"another refusal of a fallback check is not", KindVisitor, []check{{name: "budget", run: step("budget", budget.ErrUnavailable), fallback: budget.ErrExhausted},
+		{"another refusal of a fallback check is not", principal.KindVisitor, []check{{name: "budget", run: step("budget", budget.ErrUnavailable), fallback: budget.ErrExhausted},
 			{name: "count", run: step("count", nil), resume: true}},
 			[]string{"budget"}, 503, 0, false},
-		{"client gone", KindVisitor, []check{{name: "a", run: step("a", errGone)}, {name: "b", run: step("b", nil)}},
+		{"client gone", principal.KindVisitor, []check{{name: "a", run: step("a", errGone)}, {name: "b", run: step("b", nil)}},
 			[]string{"a"}, 200, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

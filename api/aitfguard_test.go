@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"faregate/protect/aitf"
+	"faregate/protect/principal"
 	"faregate/protect/ratelimit"
 )
 
@@ -45,13 +46,13 @@ func TestServerBuildsItsAITFGuard(t *testing.T) {
 // every visitor (public raised) or of the keys named, and only those.
 func TestForgetDenials(t *testing.T) {
 	srv := NewServer(Deps{Registry: prometheus.NewRegistry()})
-	v := Principal{Kind: KindVisitor, ID: strings.Repeat("a", 64)}
-	acme, other := Principal{Kind: KindKey, ID: "acme"}, Principal{Kind: KindKey, ID: "other"}
-	for _, p := range []Principal{v, acme, other} {
+	v := principal.Principal{Kind: principal.KindVisitor, ID: strings.Repeat("a", 64)}
+	acme, other := principal.Principal{Kind: principal.KindKey, ID: "acme"}, principal.Principal{Kind: principal.KindKey, ID: "other"}
+	for _, p := range []principal.Principal{v, acme, other} {
 		srv.s.limited.remember(p, ratelimit.ErrRateLimited, time.Minute)
 		srv.s.memo.remember(p, ratelimit.ErrAnomalyBlocked, time.Minute)
 	}
-	refused := func(m *memo, p Principal) bool { return errors.Is(m.refusal(p), ratelimit.ErrRateLimited) }
+	refused := func(m *memo, p principal.Principal) bool { return errors.Is(m.refusal(p), ratelimit.ErrRateLimited) }
 	srv.ForgetDenials(false, []string{"acme"})
 	if refused(srv.s.limited, acme) || !refused(srv.s.limited, other) || !refused(srv.s.limited, v) {
 		t.Fatal("raising key acme forgot the wrong refusals")

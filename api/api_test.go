@@ -12,12 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"faregate/agent/gateway"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 	"faregate/protect/redistest"
@@ -102,7 +105,7 @@ func budgetRefusal(t *testing.T, now time.Time) error {
 func TestErrorTable(t *testing.T) {
 	now := time.Date(2026, 12, 1, 18, 48, 0, 0, time.UTC)
 	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000, FailedChecksPerHour: 20, StreamsPerPrincipal: 4}}, errors: newErrorTable(errorRows())}
-	tier := Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
+	tier := principal.Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
 	cases := []struct {
 		name   string
 		err    error
@@ -111,46 +114,51 @@ func TestErrorTable(t *testing.T) {
 		retry  string // Retry-After; "" = none
 		rl     string // RateLimit; "" = none
 	}{
-		{"invalid", invalid("days", "must be 1 to 7"), 400, CodeInvalidRequest, "", ""},
-		{"prompt rule", &PromptRejectedError{Rule: "instruction_override"}, 400, CodePromptRejected, "", ""},
-		{"unknown key", &policy.KeyError{Fault: policy.KeyUnknown}, 401, CodeInvalidAPIKey, "", ""},
-		{"usage without key", errNoKey, 401, CodeInvalidAPIKey, "", ""},
-		{"turnstile", fmt.Errorf("%w: hostname", turnstile.ErrRejected), 403, CodeTurnstileFailed, "", ""},
-		{"task", task.ErrNotFound, 404, CodeTaskNotFound, "", ""},
-		{"route", ErrNotFound, 404, CodeNotFound, "", ""},
-		{"method", ErrMethodNotAllowed, 405, CodeMethodNotAllowed, "", ""},
-		{"too large", ErrTooLarge, 413, CodeRequestTooLarge, "", ""},
-		{"media", ErrUnsupportedMedia, 415, CodeUnsupportedMedia, "", ""},
-		{"visitor day", &quota.LimitError{Err: quota.ErrVisitorLimit, Limit: 5, After: quota.UntilReset(now)}, 429, CodeIPLimit, "18720", `"daily";r=0;t=18720`},
-		{"site day", &quota.LimitError{Err: quota.ErrGlobalLimit, Limit: 100, After: quota.UntilReset(now)}, 429, CodeGlobalLimit, "18720", `"daily";r=0;t=18720`},
-		{"key day", &quota.LimitError{Err: quota.ErrKeyLimit, Limit: 500, After: quota.UntilReset(now)}, 429, CodeKeyDailyLimit, "18720", `"daily";r=0;t=18720`},
-		{"budget", budgetRefusal(t, now), 429, CodeBudgetExhausted, "18720", `"budget";r=10;t=18720`},
-		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, CodeTooManyStreams, "5", `"streams";r=0;t=5`},
-		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
-		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, CodeRateLimited, "2", `"rpm";r=0;t=2`},
-		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, CodeTooManyFailedChecks, "1800", `"failed";r=0;t=1800`},
-		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, CodeTooManyFailedChecks, "90", `"failed";r=0;t=90`},
-		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, CodeAnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
-		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, CodeTokenRateLimited, "12", `"tpm";r=0;t=12`},
-		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, CodeTokenRateLimited, "10", `"tpm";r=0;t=10`},
-		{"task key's events", &taskkey.LimitError{Err: taskkey.ErrEventLimit, Max: 200, After: 30 * time.Second}, 429, CodeEventLimit, "30", `"task";r=0;t=30`},
-		{"task key's fetches", &taskkey.LimitError{Err: taskkey.ErrToolLimit, Max: 12, After: 1500 * time.Millisecond}, 429, CodeToolLimit, "2", `"task";r=0;t=2`},
-		{"result taken", taskkey.ErrFinished, 409, CodeTaskFinished, "", ""},
-		{"fetch refused", fmt.Errorf("%w: private address", ErrFetchRefused), 400, CodeFetchRefused, "", ""},
-		{"task key refused", taskkey.ErrInvalid, 401, CodeInvalidAPIKey, "", ""},
-		{"panic", errPanic, 500, CodeInternal, "", ""},
-		{"unknown", errors.New("something else"), 500, CodeInternal, "", ""},
-		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
-		{"redis for budget", budget.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"redis for limits", ratelimit.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"redis for tasks", taskstore.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"siteverify", turnstile.ErrUnavailable, 503, CodeProtectionDown, "5", ""},
-		{"model", errModelUnavailable, 503, CodeModelUnavailable, "5", ""},
-		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, CodeAITFQueueFull, "2", ""},
-		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, CodeServerBusy, "5", ""},
-		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, CodeServerBusy, "30", ""},
-		{"out of time", fmt.Errorf("lane: %w", context.DeadlineExceeded), 503, CodeServerBusy, "5", ""},
-		{"joined", errors.Join(errors.New("x"), ratelimit.ErrUnavailable), 503, CodeProtectionDown, "5", ""},
+		{"invalid", invalid("days", "must be 1 to 7"), 400, codes.InvalidRequest, "", ""},
+		{"prompt rule", &PromptRejectedError{Rule: "instruction_override"}, 400, codes.PromptRejected, "", ""},
+		{"unknown key", &policy.KeyError{Fault: policy.KeyUnknown}, 401, codes.InvalidAPIKey, "", ""},
+		{"usage without key", errNoKey, 401, codes.InvalidAPIKey, "", ""},
+		{"turnstile", fmt.Errorf("%w: hostname", turnstile.ErrRejected), 403, codes.TurnstileFailed, "", ""},
+		{"task", task.ErrNotFound, 404, codes.TaskNotFound, "", ""},
+		{"route", ErrNotFound, 404, codes.NotFound, "", ""},
+		{"method", ErrMethodNotAllowed, 405, codes.MethodNotAllowed, "", ""},
+		{"too large", ErrTooLarge, 413, codes.RequestTooLarge, "", ""},
+		{"media", ErrUnsupportedMedia, 415, codes.UnsupportedMediaType, "", ""},
+		{"visitor day", &quota.LimitError{Err: quota.ErrVisitorLimit, Limit: 5, After: quota.UntilReset(now)}, 429, codes.DemoIPLimitReached, "18720", `"daily";r=0;t=18720`},
+		{"site day", &quota.LimitError{Err: quota.ErrGlobalLimit, Limit: 100, After: quota.UntilReset(now)}, 429, codes.DemoGlobalLimitReached, "18720", `"daily";r=0;t=18720`},
+		{"key day", &quota.LimitError{Err: quota.ErrKeyLimit, Limit: 500, After: quota.UntilReset(now)}, 429, codes.KeyDailyLimitReached, "18720", `"daily";r=0;t=18720`},
+		{"budget", budgetRefusal(t, now), 429, codes.DemoBudgetExhausted, "18720", `"budget";r=10;t=18720`},
+		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, codes.TooManyStreams, "5", `"streams";r=0;t=5`},
+		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, codes.RateLimited, "2", `"rpm";r=0;t=2`},
+		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, codes.RateLimited, "2", `"rpm";r=0;t=2`},
+		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, codes.TooManyFailedChecks, "1800", `"failed";r=0;t=1800`},
+		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, codes.TooManyFailedChecks, "90", `"failed";r=0;t=90`},
+		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, codes.AnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
+		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, codes.TokenRateLimited, "12", `"tpm";r=0;t=12`},
+		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, codes.TokenRateLimited, "10", `"tpm";r=0;t=10`},
+		{"task key's events", &taskkey.LimitError{Err: taskkey.ErrEventLimit, Max: 200, After: 30 * time.Second}, 429, codes.EventLimit, "30", `"task";r=0;t=30`},
+		{"task key's fetches", &taskkey.LimitError{Err: taskkey.ErrToolLimit, Max: 12, After: 1500 * time.Millisecond}, 429, codes.ToolLimit, "2", `"task";r=0;t=2`},
+		{"result taken", taskkey.ErrFinished, 409, codes.TaskFinished, "", ""},
+		{"fetch refused", fmt.Errorf("%w: private address", ErrFetchRefused), 400, codes.FetchRefused, "", ""},
+		{"task key refused", taskkey.ErrInvalid, 401, codes.InvalidAPIKey, "", ""},
+		{"model not allowed", gateway.ErrModelNotAllowed, 400, codes.ModelNotAllowed, "", ""},
+		{"unsupported parameter", &gateway.ParamError{Err: gateway.ErrUnsupportedParameter, Field: "n", Reason: "must be 1"}, 400, codes.UnsupportedParameter, "", ""},
+		{"input spike", fmt.Errorf("%w: 50000 tokens", ratelimit.ErrInputSpike), 429, codes.InputSpike, "5", `"task";r=0;t=5`},
+		{"step limit", gateway.ErrStepLimit, 429, codes.StepLimit, "5", `"task";r=0;t=5`},
+		{"too many calls", gateway.ErrTooManyCalls, 429, codes.TooManyCalls, "5", `"task";r=0;t=5`},
+		{"panic", errPanic, 500, codes.InternalError, "", ""},
+		{"unknown", errors.New("something else"), 500, codes.InternalError, "", ""},
+		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"redis for budget", budget.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"redis for limits", ratelimit.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"redis for tasks", taskstore.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"siteverify", turnstile.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
+		{"model", errModelUnavailable, 503, codes.ModelUnavailable, "5", ""},
+		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, codes.AITFQueueFull, "2", ""},
+		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, codes.ServerBusy, "5", ""},
+		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, codes.ServerBusy, "30", ""},
+		{"out of time", fmt.Errorf("lane: %w", context.DeadlineExceeded), 503, codes.ServerBusy, "5", ""},
+		{"joined", errors.Join(errors.New("x"), ratelimit.ErrUnavailable), 503, codes.DemoProtectionUnavailable, "5", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -243,10 +251,10 @@ func TestSummary(t *testing.T) {
 	lg := slog.New(slog.NewTextHandler(&buf, nil))
 	s := newSummary()
 	for i := 0; i < 1000; i++ {
-		s.add(CodeIPLimit, []byte(fmt.Sprintf("v:%012d", i%100)))
+		s.add(codes.DemoIPLimitReached, []byte(fmt.Sprintf("v:%012d", i%100)))
 	}
 	for i := 0; i < 30; i++ {
-		s.add(CodeTurnstileFailed, []byte("v:000000000007"))
+		s.add(codes.TurnstileFailed, []byte("v:000000000007"))
 	}
 	s.note("aitf_observed")
 	s.flush(lg, 10*time.Second)
@@ -297,25 +305,25 @@ func TestStreamCaps(t *testing.T) {
 func TestMemo(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	m := newMemo(2, func() time.Time { return now })
-	m.remember(Principal{Kind: KindVisitor, ID: "a"}, ratelimit.ErrTooManyFailedChecks, time.Minute)
-	err := m.refusal(Principal{Kind: KindVisitor, ID: "a"})
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "a"}, ratelimit.ErrTooManyFailedChecks, time.Minute)
+	err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"})
 	var ra interface{ RetryAfter() time.Duration }
 	if !errors.Is(err, ratelimit.ErrTooManyFailedChecks) || !errors.As(err, &ra) || ra.RetryAfter() != time.Minute {
 		t.Fatalf("refusal %v", err)
 	}
 	now = now.Add(59 * time.Second)
-	if err := m.refusal(Principal{Kind: KindVisitor, ID: "a"}); err == nil {
+	if err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"}); err == nil {
 		t.Fatal("forgotten too early")
 	}
 	now = now.Add(time.Second)
-	if err := m.refusal(Principal{Kind: KindVisitor, ID: "a"}); err != nil {
+	if err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"}); err != nil {
 		t.Fatalf("still refused at its end: %v", err)
 	}
 	// Full: expired entries make room, live ones are kept.
-	m.remember(Principal{Kind: KindVisitor, ID: "b"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember(Principal{Kind: KindVisitor, ID: "c"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember(Principal{Kind: KindVisitor, ID: "d"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	if m.refusal(Principal{Kind: KindVisitor, ID: "b"}) == nil || m.refusal(Principal{Kind: KindVisitor, ID: "c"}) == nil || m.refusal(Principal{Kind: KindVisitor, ID: "d"}) != nil {
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "b"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "c"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "d"}, ratelimit.ErrAnomalyBlocked, time.Hour)
+	if m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "b"}) == nil || m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "c"}) == nil || m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "d"}) != nil {
 		t.Fatal("capacity not respected")
 	}
 }
@@ -336,7 +344,7 @@ func TestSetRateLimit(t *testing.T) {
 // principal is never held up.
 func TestInflight(t *testing.T) {
 	f := newInflight(2)
-	a := Principal{Kind: KindVisitor, ID: "a"}
+	a := principal.Principal{Kind: principal.KindVisitor, ID: "a"}
 	r1, err := f.acquire(context.Background(), a)
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +352,7 @@ func TestInflight(t *testing.T) {
 	if _, err := f.acquire(context.Background(), a); err != nil {
 		t.Fatal(err)
 	}
-	if rb, err := f.acquire(context.Background(), Principal{Kind: KindKey, ID: "a"}); err != nil {
+	if rb, err := f.acquire(context.Background(), principal.Principal{Kind: principal.KindKey, ID: "a"}); err != nil {
 		t.Fatalf("another principal waited: %v", err)
 	} else {
 		rb()
@@ -390,7 +398,7 @@ func TestDeadline(t *testing.T) {
 	h := s.deadline(s.window(false)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Error("the handler ran after a window check that never answered")
 	})))
-	p := Principal{Kind: KindVisitor, ID: "v"}
+	p := principal.Principal{Kind: principal.KindVisitor, ID: "v"}
 	serve := func(ctx context.Context) (*httptest.ResponseRecorder, *state) {
 		st := &state{id: "req-1", principal: p}
 		r := httptest.NewRequest("GET", "/api/config", nil)
@@ -401,7 +409,7 @@ func TestDeadline(t *testing.T) {
 	}
 
 	// The window check itself hangs: its own 503, in time.
-	if w, st := serve(context.Background()); w.Code != 503 || st.code != CodeProtectionDown || w.Header().Get("Retry-After") == "" {
+	if w, st := serve(context.Background()); w.Code != 503 || st.code != codes.DemoProtectionUnavailable || w.Header().Get("Retry-After") == "" {
 		t.Fatalf("hung check: %d %s %q", w.Code, st.code, w.Header().Get("Retry-After"))
 	}
 
@@ -411,7 +419,7 @@ func TestDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer release()
-	if w, st := serve(context.Background()); w.Code != 503 || st.code != CodeServerBusy || w.Header().Get("Retry-After") != "5" {
+	if w, st := serve(context.Background()); w.Code != 503 || st.code != codes.ServerBusy || w.Header().Get("Retry-After") != "5" {
 		t.Fatalf("full lane: %d %s %q", w.Code, st.code, w.Header().Get("Retry-After"))
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	"faregate/agent/taskstore"
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 	"faregate/protect/turnstile"
@@ -139,7 +140,7 @@ func (ds dependencies) failedBy(err error) *dependency {
 // internal_error first, is a failure worth its own line.
 func summarised(code string) bool {
 	switch code {
-	case CodeServerBusy, CodeAITFQueueFull, CodeProtectionDown, CodeModelUnavailable:
+	case codes.ServerBusy, codes.AITFQueueFull, codes.DemoProtectionUnavailable, codes.ModelUnavailable:
 		return true
 	}
 	return false

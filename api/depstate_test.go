@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"faregate/protect/codes"
 	"faregate/protect/quota"
 	"faregate/protect/turnstile"
 )
@@ -22,7 +23,7 @@ func TestDependencyStateLines(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	ds := newDependencies(10*time.Second, func() time.Time { return now }, lg)
 	down := fmt.Errorf("%w: dial tcp: connection refused", turnstile.ErrUnavailable)
-	st := &state{id: "req-1", code: CodeProtectionDown}
+	st := &state{id: "req-1", code: codes.DemoProtectionUnavailable}
 
 	if ds.failedBy(down) != ds.turnstile || ds.failedBy(fmt.Errorf("x: %w", quota.ErrUnavailable)) != ds.redis || ds.failedBy(errors.New("other")) != nil {
 		t.Fatal("failedBy names the wrong dependency")
@@ -69,8 +70,8 @@ func TestDependencyStateLines(t *testing.T) {
 // TestSummarisedFailures: the 5xx that shed load or report an outage are
 // summarised; internal errors are not.
 func TestSummarisedFailures(t *testing.T) {
-	for code, want := range map[string]bool{CodeServerBusy: true, CodeAITFQueueFull: true, CodeProtectionDown: true,
-		CodeModelUnavailable: true, CodeInternal: false} {
+	for code, want := range map[string]bool{codes.ServerBusy: true, codes.AITFQueueFull: true, codes.DemoProtectionUnavailable: true,
+		codes.ModelUnavailable: true, codes.InternalError: false} {
 		if summarised(code) != want {
 			t.Errorf("summarised(%s) = %v, want %v", code, !want, want)
 		}

@@ -11,35 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// Stable error codes, as ../shared/CONTRACT.md fixes them. The page and
-// the typed client map each to a message; never rename one. Codes that are
-// also task error codes are defined once, in agent/task, and named here.
-const (
-	CodeInvalidRequest      = "invalid_request"
-	CodePromptRejected      = "prompt_rejected"
-	CodeInvalidAPIKey       = "invalid_api_key"
-	CodeTurnstileFailed     = "turnstile_failed"
-	CodeTaskNotFound        = "task_not_found"
-	CodeNotFound            = "not_found"
-	CodeMethodNotAllowed    = "method_not_allowed"
-	CodeRequestTooLarge     = "request_too_large"
-	CodeUnsupportedMedia    = "unsupported_media_type"
-	CodeIPLimit             = "demo_ip_limit_reached"
-	CodeGlobalLimit         = "demo_global_limit_reached"
-	CodeKeyDailyLimit       = "key_daily_limit_reached"
-	CodeBudgetExhausted     = "demo_budget_exhausted"
-	CodeTooManyStreams      = "too_many_streams"
-	CodeRateLimited         = "rate_limited"
-	CodeTooManyFailedChecks = "too_many_failed_checks"
-	CodeTokenRateLimited    = "token_rate_limited"
-	CodeAnomalyBlocked      = "anomaly_blocked"
-	CodeInternal            = "internal_error"
-	CodeProtectionDown      = "demo_protection_unavailable"
-	CodeModelUnavailable    = "model_unavailable"
-	CodeAITFQueueFull       = "aitf_queue_full"
-	CodeServerBusy          = "server_busy"
+	"faregate/protect/codes"
 )
 
 // Errors that start in this package. Refusals decided elsewhere arrive as
@@ -140,9 +113,9 @@ func newErrorTable(rows []entry) *errorTable {
 			t.bySentinel[e] = spec
 		}
 	}
-	t.internal = t.byCode[CodeInternal]
+	t.internal = t.byCode[codes.InternalError]
 	if t.internal == nil {
-		panic("api: error table without " + CodeInternal)
+		panic("api: error table without " + codes.InternalError)
 	}
 	return t
 }

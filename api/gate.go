@@ -9,6 +9,7 @@ import (
 	"net/http"
 
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 )
@@ -94,10 +95,10 @@ func (s *server) principal(next http.Handler) http.Handler {
 				s.writeErr(w, r, err)
 				return
 			}
-			st.principal = Principal{Kind: KindKey, ID: id, Tier: tier.Name}
+			st.principal = principal.Principal{Kind: principal.KindKey, ID: id, Tier: tier.Name}
 			st.tier = tier
 		} else {
-			st.principal = Principal{Kind: KindVisitor, ID: st.visitor.Key(), Tier: PublicTier}
+			st.principal = principal.Principal{Kind: principal.KindVisitor, ID: st.visitor.Key(), Tier: principal.PublicTier}
 			st.tier = pol.Public()
 		}
 		next.ServeHTTP(w, r)
@@ -106,7 +107,7 @@ func (s *server) principal(next http.Handler) http.Handler {
 
 // subject is the quota subject of the request's principal.
 func (s *server) subject(st *state) quota.Subject {
-	if st.principal.Kind == KindKey {
+	if st.principal.Kind == principal.KindKey {
 		return quota.Subject{Key: st.principal.ID, Limit: st.tier.TasksPerDay}
 	}
 	return quota.Subject{Visitor: st.principal.ID, Limit: st.tier.TasksPerDay, Global: s.d.Limits.GlobalDailyTasks}
@@ -157,7 +158,7 @@ func (s *server) windowCheck(r *http.Request, st *state, creation bool) error {
 		CheckAnomaly:      creation,
 		Op:                opID(),
 	}
-	if creation && st.principal.Kind == KindVisitor {
+	if creation && st.principal.Kind == principal.KindVisitor {
 		req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
 	}
 	ctx, end := s.span(r.Context(), "gate.window")
@@ -191,7 +192,7 @@ func opID() string { return rand.Text() }
 // from memory before siteverify is called again. Keys are not counted: they
 // pass no Turnstile and their limits are their own.
 func (s *server) failedCheck(r *http.Request, st *state) {
-	if st.principal.Kind != KindVisitor || s.d.Limits.FailedChecksPerHour <= 0 {
+	if st.principal.Kind != principal.KindVisitor || s.d.Limits.FailedChecksPerHour <= 0 {
 		return
 	}
 	_, blocked, err := s.d.Limiter.RecordFailedCheck(r.Context(), st.principal.Scope(), opID(), s.d.Limits.FailedChecksPerHour)
@@ -220,7 +221,7 @@ func (s *server) aitfDelay(next http.Handler) http.Handler {
 	}
 	delayed := s.d.AITF.Delay(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if stateOf(r).principal.Kind == KindKey {
+		if stateOf(r).principal.Kind == principal.KindKey {
 			// A key has declared itself; it is limited by its own tier.
 			next.ServeHTTP(w, r)
 			return
@@ -232,7 +233,7 @@ func (s *server) aitfDelay(next http.Handler) http.Handler {
 // admitAITF holds a public creation in the AITF delay queue (enforce mode),
 // after its shape was found valid.
 func (s *server) admitAITF(w http.ResponseWriter, r *http.Request) (release func(), err error) {
-	if s.d.AITF == nil || stateOf(r).principal.Kind == KindKey {
+	if s.d.AITF == nil || stateOf(r).principal.Kind == principal.KindKey {
 		return func() {}, nil
 	}
 	return s.d.AITF.Admit(w, r)

@@ -13,6 +13,7 @@ import (
 
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
+	"faregate/protect/principal"
 	"faregate/protect/randhex"
 	"faregate/protect/ratelimit"
 )
@@ -25,11 +26,11 @@ type state struct {
 	id        string
 	start     time.Time
 	visitor   clientip.Visitor
-	principal Principal
+	principal principal.Principal
 	// policy is the policy this request sees (one value for the whole
 	// request, however a reload races it) and tier the principal's limits.
 	policy Policy
-	tier   Tier
+	tier   principal.Tier
 	// window is the request window's decision, for RateLimit headers.
 	window ratelimit.GateDecision
 	// code is the error code answered ("" for successes); err the error
@@ -269,26 +270,15 @@ func (s *server) accessAttrs(r *http.Request, st *state, route string, took time
 
 // principalLabel names the request's principal for logs: a key's id, or the
 // visitor's truncated hash; never an address.
-func (st *state) principalLabel() string {
-	if st.principal.Kind != "" {
-		return st.principal.String()
-	}
-	return st.visitor.String()
-}
+func (st *state) principalLabel() string { return string(st.appendPrincipal(nil)) }
 
 // appendPrincipal appends principalLabel to b.
 func (st *state) appendPrincipal(b []byte) []byte {
 	p := st.principal
 	if p.Kind == "" {
-		p = Principal{Kind: KindVisitor, ID: st.visitor.Key()}
+		p = principal.Principal{Kind: principal.KindVisitor, ID: st.visitor.Key()}
 	}
-	if p.Kind == KindKey {
-		return append(append(b, "k:"...), p.ID...)
-	}
-	if len(p.ID) < 12 {
-		return append(b, "v:none"...)
-	}
-	return append(append(b, "v:"...), p.ID[:12]...)
+	return p.AppendText(b)
 }
 
 // errPanic is what a recovered panic is answered as.

@@ -5,63 +5,9 @@ import (
 	"maps"
 	"sync"
 	"time"
+
+	"faregate/protect/principal"
 )
-
-// Principal kinds.
-const (
-	KindVisitor = "visitor"
-	KindKey     = "key"
-)
-
-// PublicTier is the tier of anonymous visitors.
-const PublicTier = "public"
-
-// Principal is who a request counts against: an anonymous visitor (its
-// keyed IP hash) or an API key (its id), with the tier whose limits apply.
-type Principal struct {
-	Kind string
-	// ID is the visitor's 64-hex key or the API key's id.
-	ID   string
-	Tier string
-}
-
-// Scope is the principal's name in rate-limit keys: "v:<hash>" or "k:<id>".
-func (p Principal) Scope() string {
-	if p.Kind == KindKey {
-		return "k:" + p.ID
-	}
-	return "v:" + p.ID
-}
-
-// Account is the principal's name in budget keys and the ledger:
-// "v_<hash>" or "k_<id>" (characters a budget id allows).
-func (p Principal) Account() string {
-	if p.Kind == KindKey {
-		return "k_" + p.ID
-	}
-	return "v_" + p.ID
-}
-
-// String is the principal in logs: a key's id, or the first 12 hex
-// characters of a visitor's hash; never an address.
-func (p Principal) String() string {
-	if p.Kind == KindKey {
-		return "k:" + p.ID
-	}
-	if len(p.ID) < 12 {
-		return "v:none"
-	}
-	return "v:" + p.ID[:12]
-}
-
-// MetricLabel is the principal in metric labels: a key's id, or "public"
-// for every visitor (visitor hashes never become labels).
-func (p Principal) MetricLabel() string {
-	if p.Kind == KindKey {
-		return p.ID
-	}
-	return PublicTier
-}
 
 // memo remembers refusals that cannot be undone before a known time (a
 // principal over its failed-check limit, or blocked for anomalies), so a
@@ -80,7 +26,7 @@ type memo struct {
 // allocation per lookup.
 type memoKey struct{ kind, id string }
 
-func keyOf(p Principal) memoKey { return memoKey{p.Kind, p.ID} }
+func keyOf(p principal.Principal) memoKey { return memoKey{p.Kind, p.ID} }
 
 type memoEntry struct {
 	err   error
@@ -92,7 +38,7 @@ func newMemo(capacity int, now func() time.Time) *memo {
 }
 
 // remember refuses p with err for after.
-func (m *memo) remember(p Principal, err error, after time.Duration) {
+func (m *memo) remember(p principal.Principal, err error, after time.Duration) {
 	scope := keyOf(p)
 	if after <= 0 {
 		return
@@ -119,7 +65,7 @@ func (m *memo) remember(p Principal, err error, after time.Duration) {
 }
 
 // refusal returns the remembered refusal of p with the time left, or nil.
-func (m *memo) refusal(p Principal) error {
+func (m *memo) refusal(p principal.Principal) error {
 	scope := keyOf(p)
 	m.mu.Lock()
 	e, ok := m.m[scope]
@@ -159,7 +105,7 @@ func (srv *Server) ForgetDenials(visitors bool, keys []string) {
 		ids[id] = true
 	}
 	srv.s.limited.forget(func(k memoKey) bool {
-		return (visitors && k.kind == KindVisitor) || (k.kind == KindKey && ids[k.id])
+		return (visitors && k.kind == principal.KindVisitor) || (k.kind == principal.KindKey && ids[k.id])
 	})
 }
 
@@ -188,7 +134,7 @@ const inflightPerPrincipal = 8
 func newInflight(max int) *inflight { return &inflight{max: max, m: map[memoKey]*lane{}} }
 
 // acquire waits for a place for p, or until ctx ends.
-func (f *inflight) acquire(ctx context.Context, p Principal) (release func(), err error) {
+func (f *inflight) acquire(ctx context.Context, p principal.Principal) (release func(), err error) {
 	k := keyOf(p)
 	f.mu.Lock()
 	l := f.m[k]

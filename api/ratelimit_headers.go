@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"faregate/protect/budget"
+	"faregate/protect/codes"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 )
@@ -90,7 +91,7 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 		return
 	}
 	switch code {
-	case CodeIPLimit, CodeGlobalLimit, CodeKeyDailyLimit:
+	case codes.DemoIPLimitReached, codes.DemoGlobalLimitReached, codes.KeyDailyLimitReached:
 		q := st.tier.TasksPerDay
 		if le, ok := err.(*quota.LimitError); ok {
 			// The refusal path's own error: no chain to walk (and no
@@ -98,11 +99,11 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 			q = le.Limit
 		} else if l, ok := wrappedLimit(err); ok {
 			q = l
-		} else if code == CodeGlobalLimit {
+		} else if code == codes.DemoGlobalLimitReached {
 			q = s.d.Limits.GlobalDailyTasks
 		}
 		setRateLimit(h, rlItem{name: policyDaily, q: q, w: 86400, t: secs})
-	case CodeBudgetExhausted:
+	case codes.DemoBudgetExhausted:
 		var be *budget.ExhaustedError
 		if !errors.As(err, &be) {
 			setRateLimit(h, rlItem{name: policyBudget, q: s.d.Limits.SiteDailyTokens, w: 86400, t: secs})
@@ -110,17 +111,17 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 		}
 		name, q := s.budgetQuota(st, be.Scope)
 		setRateLimit(h, rlItem{name: name, q: q, w: 86400, r: be.Remaining, t: secs})
-	case CodeRateLimited:
+	case codes.RateLimited:
 		setRateLimit(h, rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, t: secs})
-	case CodeTokenRateLimited:
+	case codes.TokenRateLimited:
 		setRateLimit(h, rlItem{name: policyTPM, q: st.tier.TokensPerMinute, w: 60, t: secs})
-	case CodeTooManyFailedChecks:
+	case codes.TooManyFailedChecks:
 		setRateLimit(h, rlItem{name: policyFailed, q: s.d.Limits.FailedChecksPerHour, w: 3600, t: secs})
-	case CodeAnomalyBlocked:
+	case codes.AnomalyBlocked:
 		setRateLimit(h, rlItem{name: policyAnomaly, q: ratelimit.AnomalyThreshold, w: 3600, t: secs})
-	case CodeTooManyStreams:
+	case codes.TooManyStreams:
 		setRateLimit(h, rlItem{name: policyStreams, q: int64(s.d.Limits.StreamsPerPrincipal), unit: unitConcurrent, t: secs})
-	case CodeEventLimit, CodeToolLimit:
+	case codes.EventLimit, codes.ToolLimit, codes.StepLimit, codes.InputSpike, codes.TooManyCalls:
 		// A task's own limit (v1.go): it lasts as long as the task.
 		setRateLimit(h, rlItem{name: policyTask, q: limitOf(err), w: secs, t: secs})
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+
+	"faregate/protect/codes"
 )
 
 // Header values shared by every JSON answer. Assigning these slices
@@ -75,12 +77,12 @@ func (s *server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var fields map[string]string
 	var message string
 	switch spec.code {
-	case CodeInvalidRequest:
+	case codes.InvalidRequest:
 		var ie *InvalidError
 		if errors.As(err, &ie) {
 			fields = ie.Fields
 		}
-	case CodePromptRejected:
+	case codes.PromptRejected:
 		var pe *PromptRejectedError
 		if errors.As(err, &pe) {
 			message = spec.message + " (rule: " + pe.Rule + ")"
@@ -120,7 +122,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	if err != nil {
 		// Every body here is a plain struct; a failure is a bug.
 		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"Something went wrong on our side."}}` + "\n"))
+		_, _ = w.Write([]byte(`{"error":{"code":"` + codes.InternalError + `","message":"Something went wrong on our side."}}` + "\n"))
 		return
 	}
 	w.WriteHeader(status)

@@ -16,6 +16,7 @@ import (
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
 	"faregate/protect/plancache"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 )
@@ -81,23 +82,14 @@ type PlanCache interface {
 	Get(ctx context.Context, r plancache.Request) (plancache.Plan, bool, error)
 }
 
-// Tier is a tier's limits as the gate applies them.
-type Tier struct {
-	Name                                                          string
-	TasksPerDay, TokensPerDay, TokensPerMinute, RequestsPerMinute int64
-	// MaxSiteShare is the share of the site's daily tokens the tier's
-	// principals may use together (0 < s ≤ 1).
-	MaxSiteShare float64
-}
-
 // Policy is the policy in force (protect/policy, adapted by the caller):
 // tiers, keys and prompt rules. One request sees one Policy value, so a
 // reload never mixes two.
 type Policy interface {
-	Public() Tier
+	Public() principal.Tier
 	// Authenticate resolves a bearer token to its key's id and tier, or
 	// fails with an error that maps to 401 invalid_api_key.
-	Authenticate(token string) (id string, tier Tier, err error)
+	Authenticate(token string) (id string, tier principal.Tier, err error)
 	// CheckPrompt names the first static rule the texts match.
 	CheckPrompt(texts ...string) (rule string, matched bool)
 }
@@ -293,11 +285,8 @@ func PrincipalScope(r *http.Request) string {
 	if st.principal.Kind != "" {
 		return st.principal.Scope()
 	}
-	return "v:" + st.visitor.Key()
+	return principal.Principal{Kind: principal.KindVisitor, ID: st.visitor.Key()}.Scope()
 }
-
-// Codes lists every error code the API can answer with.
-func Codes() []string { return newErrorTable(errorRows()).Codes() }
 
 // RoutePattern is the chi route pattern of a routed request ("unmatched"
 // before routing), a label that cannot grow with user input.

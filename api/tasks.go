@@ -12,6 +12,7 @@ import (
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/plancache"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/turnstile"
 )
@@ -31,8 +32,8 @@ type quotaCounts struct {
 	KeyRemaining    *int64 `json:"key_remaining,omitempty"`
 }
 
-func countsOf(p Principal, d quota.Decision) quotaCounts {
-	if p.Kind == KindKey {
+func countsOf(p principal.Principal, d quota.Decision) quotaCounts {
+	if p.Kind == principal.KindKey {
 		return quotaCounts{KeyRemaining: &d.Remaining}
 	}
 	return quotaCounts{IPRemaining: &d.Remaining, GlobalRemaining: &d.GlobalRemaining}
@@ -75,7 +76,7 @@ func (s *server) newRecord(r *http.Request, st *state, req createRequest) task.R
 
 // tierTokens is the tier's share of the site's daily tokens, 0 when it may
 // use all of it (no tier scope is then kept).
-func (s *server) tierTokens(t Tier) int64 {
+func (s *server) tierTokens(t principal.Tier) int64 {
 	if t.MaxSiteShare <= 0 || t.MaxSiteShare >= 1 {
 		return 0
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"faregate/protect/budget"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 )
 
@@ -44,7 +45,7 @@ type usageCounts struct {
 func (s *server) handleUsage() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := stateOf(r)
-		if st.principal.Kind != KindKey {
+		if st.principal.Kind != principal.KindKey {
 			s.writeErr(w, r, errNoKey)
 			return
 		}
@@ -69,7 +70,7 @@ func (s *server) handleUsage() http.Handler {
 			share = 1
 		}
 		writeJSON(w, http.StatusOK, usageResponse{
-			Principal: usagePrincipal{Kind: KindKey, ID: st.principal.ID},
+			Principal: usagePrincipal{Kind: principal.KindKey, ID: st.principal.ID},
 			Tier:      st.tier.Name,
 			Day:       day,
 			Limits: usageLimits{TasksPerDay: st.tier.TasksPerDay, TokensPerDay: st.tier.TokensPerDay,

@@ -11,12 +11,16 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 
+	"faregate/agent/gateway"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
+	"faregate/protect/codes"
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 )
 
 // The /v1 surface is the external agent's (FAREGATE_AGENT_URL): the model
@@ -24,14 +28,6 @@ import (
 // Bearer task key of one running task. It skips the AITF scorer, the
 // request window and the event-stream caps: its limits are the task's own.
 // Its errors keep the OpenAI shape: ours plus "type".
-
-// Codes of the /v1 surface.
-const (
-	CodeTaskFinished = "task_finished"
-	CodeEventLimit   = "event_limit"
-	CodeToolLimit    = "tool_limit"
-	CodeFetchRefused = "fetch_refused"
-)
 
 // ErrFetchRefused: /v1/tools/fetch named no public http(s) address, or
 // the page could not be fetched (the Fetcher wraps its reason in it).
@@ -186,11 +182,10 @@ func (s *server) v1Auth(next http.Handler) http.Handler {
 }
 
 // grantPrincipal is the principal a task key acts for, for logs.
-func grantPrincipal(g taskkey.Grant) Principal {
-	if id, ok := strings.CutPrefix(g.Principal, "k_"); ok {
-		return Principal{Kind: KindKey, ID: id, Tier: g.Tier}
-	}
-	return Principal{Kind: KindVisitor, ID: strings.TrimPrefix(g.Principal, "v_"), Tier: g.Tier}
+func grantPrincipal(g taskkey.Grant) principal.Principal {
+	p := principal.FromAccount(g.Principal)
+	p.Tier = g.Tier
+	return p
 }
 
 // v1Models runs the model endpoint, answering the errors it returns.
@@ -286,7 +281,7 @@ func (s *server) awaitResult(w http.ResponseWriter, r *http.Request, g taskkey.G
 			if rec.Status == task.StatusSucceeded && ans.Result != nil && rec.Result != nil && rec.Result.Text == ans.Result.Text {
 				return nil
 			}
-			if rec.Status == task.StatusFailed && ans.Error != nil && rec.Error != nil && rec.Error.Code == task.CodeAgentFailed {
+			if rec.Status == task.StatusFailed && ans.Error != nil && rec.Error != nil && rec.Error.Code == codes.AgentFailed {
 				return nil
 			}
 			return taskkey.ErrFinished
@@ -412,9 +407,9 @@ func (s *server) handleV1Fetch() http.Handler {
 // the official clients must not retry them (x-should-retry: false), and
 // their Retry-After is the time to the task's deadline (policy "task").
 var taskScoped = map[string]bool{
-	CodeBudgetExhausted: true, CodeEventLimit: true, CodeToolLimit: true,
+	codes.DemoBudgetExhausted: true, codes.EventLimit: true, codes.ToolLimit: true,
 	// The model endpoint's (the gateway's rows):
-	"step_limit": true, task.CodeInputSpike: true,
+	codes.StepLimit: true, codes.InputSpike: true,
 }
 
 // policyTask is the RateLimit policy of a task's own limits: its window
@@ -506,11 +501,32 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	if st != nil && st.id != "" {
 		body["request_id"] = st.id
 	}
+	// A refused or invalid parameter of the model endpoint is named, as
+	// OpenAI's errors name theirs ("param").
+	var pe *gateway.ParamError
+	if errors.As(err, &pe) {
+		body["param"] = pe.Field
+		body["message"] = clipMessage(pe.Field + ": " + pe.Reason)
+	}
 	var ie *InvalidError
-	if spec.code == CodeInvalidRequest && errors.As(err, &ie) {
+	if spec.code == codes.InvalidRequest && errors.As(err, &ie) {
 		body["fields"] = ie.Fields
 	}
 	raw, _ := json.Marshal(map[string]any{"error": body})
 	w.WriteHeader(spec.status)
 	_, _ = w.Write(append(raw, '\n'))
+}
+
+// clipMessage bounds a message built from a request's own words (a field
+// name, a reason) to 300 bytes, at a rune boundary.
+func clipMessage(s string) string {
+	const max = 300
+	if len(s) <= max {
+		return s
+	}
+	i := max
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
 }

@@ -18,6 +18,7 @@ import (
 	"faregate/agent/taskstore"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
+	"faregate/protect/codes"
 	"faregate/protect/redistest"
 )
 
@@ -99,7 +100,7 @@ func TestV1Surface(t *testing.T) {
 	}
 
 	w := v1Do(srv, "POST", "/v1/embeddings", key, "application/json", `{}`)
-	if code, typ := v1Code(t, w); w.Code != 429 || code != CodeBudgetExhausted || typ != "insufficient_quota" {
+	if code, typ := v1Code(t, w); w.Code != 429 || code != codes.DemoBudgetExhausted || typ != "insufficient_quota" {
 		t.Fatalf("budget refusal: %d %s %s", w.Code, code, typ)
 	}
 	ra, _ := strconv.Atoi(w.Header().Get("Retry-After"))
@@ -110,12 +111,12 @@ func TestV1Surface(t *testing.T) {
 
 	fail = &taskkey.LimitError{Err: taskkey.ErrEventLimit, Deadline: time.Now().Add(30 * time.Second), Max: 200}
 	w = v1Do(srv, "POST", "/v1/responses", key, "application/json", `{}`)
-	if code, _ := v1Code(t, w); w.Code != 429 || code != CodeEventLimit || w.Header().Get("Ratelimit-Policy") != `"task";q=200;w=30` {
+	if code, _ := v1Code(t, w); w.Code != 429 || code != codes.EventLimit || w.Header().Get("Ratelimit-Policy") != `"task";q=200;w=30` {
 		t.Fatalf("limit error: %d %s %v", w.Code, code, w.Header())
 	}
 	fail = errors.New("a bug")
 	w = v1Do(srv, "POST", "/v1/chat/completions", key, "application/json", `{}`)
-	if code, typ := v1Code(t, w); w.Code != 500 || code != CodeInternal || typ != "api_error" {
+	if code, typ := v1Code(t, w); w.Code != 500 || code != codes.InternalError || typ != "api_error" {
 		t.Fatalf("unknown error: %d %s %s", w.Code, code, typ)
 	}
 
@@ -124,14 +125,14 @@ func TestV1Surface(t *testing.T) {
 		status                            int
 		code, typ                         string
 	}{
-		{"no key", "POST", "/v1/chat/completions", "", "application/json", `{}`, 401, CodeInvalidAPIKey, "authentication_error"},
-		{"forged key", "POST", "/v1/chat/completions", key[:len(key)-2] + "AA", "application/json", `{}`, 401, CodeInvalidAPIKey, "authentication_error"},
-		{"other task", "POST", "/v1/tasks/" + task.NewID() + "/events", key, "application/json", `{"name":"a","status":"ok"}`, 401, CodeInvalidAPIKey, "authentication_error"},
-		{"not JSON", "POST", "/v1/chat/completions", key, "text/plain", `{}`, 415, CodeUnsupportedMedia, "invalid_request_error"},
-		{"unknown path", "POST", "/v1/nope", key, "application/json", `{}`, 404, CodeNotFound, "invalid_request_error"},
-		{"bad event", "POST", "/v1/tasks/" + g.Task + "/events", key, "application/json", `{"name":"a"}`, 400, CodeInvalidRequest, "invalid_request_error"},
-		{"bad result", "POST", "/v1/tasks/" + g.Task + "/result", key, "application/json", `{"result":{}}`, 400, CodeInvalidRequest, "invalid_request_error"},
-		{"bad fetch", "POST", "/v1/tools/fetch", key, "application/json", `{"max_bytes":0}`, 400, CodeInvalidRequest, "invalid_request_error"},
+		{"no key", "POST", "/v1/chat/completions", "", "application/json", `{}`, 401, codes.InvalidAPIKey, "authentication_error"},
+		{"forged key", "POST", "/v1/chat/completions", key[:len(key)-2] + "AA", "application/json", `{}`, 401, codes.InvalidAPIKey, "authentication_error"},
+		{"other task", "POST", "/v1/tasks/" + task.NewID() + "/events", key, "application/json", `{"name":"a","status":"ok"}`, 401, codes.InvalidAPIKey, "authentication_error"},
+		{"not JSON", "POST", "/v1/chat/completions", key, "text/plain", `{}`, 415, codes.UnsupportedMediaType, "invalid_request_error"},
+		{"unknown path", "POST", "/v1/nope", key, "application/json", `{}`, 404, codes.NotFound, "invalid_request_error"},
+		{"bad event", "POST", "/v1/tasks/" + g.Task + "/events", key, "application/json", `{"name":"a"}`, 400, codes.InvalidRequest, "invalid_request_error"},
+		{"bad result", "POST", "/v1/tasks/" + g.Task + "/result", key, "application/json", `{"result":{}}`, 400, codes.InvalidRequest, "invalid_request_error"},
+		{"bad fetch", "POST", "/v1/tools/fetch", key, "application/json", `{"max_bytes":0}`, 400, codes.InvalidRequest, "invalid_request_error"},
 	} {
 		w := v1Do(srv, c.method, c.path, c.key, c.ct, c.body)
 		if code, typ := v1Code(t, w); w.Code != c.status || code != c.code || typ != c.typ {

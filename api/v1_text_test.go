@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"faregate/protect/codes"
 )
 
 // TestPlainText: an agent's event text follows the text rules: control,
@@ -46,15 +48,15 @@ func TestV1Type(t *testing.T) {
 		code   string
 		want   string
 	}{
-		{400, CodeFetchRefused, "invalid_request_error"},
-		{404, CodeNotFound, "invalid_request_error"},
-		{413, CodeRequestTooLarge, "invalid_request_error"},
-		{401, CodeInvalidAPIKey, "authentication_error"},
-		{429, CodeToolLimit, "insufficient_quota"},
-		{429, CodeEventLimit, "insufficient_quota"},
-		{429, CodeBudgetExhausted, "insufficient_quota"},
-		{429, CodeTokenRateLimited, "rate_limit_error"},
-		{http.StatusServiceUnavailable, CodeProtectionDown, "api_error"},
+		{400, codes.FetchRefused, "invalid_request_error"},
+		{404, codes.NotFound, "invalid_request_error"},
+		{413, codes.RequestTooLarge, "invalid_request_error"},
+		{401, codes.InvalidAPIKey, "authentication_error"},
+		{429, codes.ToolLimit, "insufficient_quota"},
+		{429, codes.EventLimit, "insufficient_quota"},
+		{429, codes.DemoBudgetExhausted, "insufficient_quota"},
+		{429, codes.TokenRateLimited, "rate_limit_error"},
+		{http.StatusServiceUnavailable, codes.DemoProtectionUnavailable, "api_error"},
 	} {
 		if got := v1Type(c.status, c.code); got != c.want {
 			t.Errorf("%d %s: %s, want %s", c.status, c.code, got, c.want)

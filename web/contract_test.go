@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"faregate/api"
 	"faregate/api/apitest"
 	"faregate/web"
 )
@@ -35,9 +36,11 @@ func unions(t *testing.T) map[string][]string {
 	return out
 }
 
-// TestContractCodes: the OpenAPI document, the client's types and the
-// page's messages name the same codes, so a code added in one place and
-// forgotten in another fails here.
+// TestContractCodes: client.d.ts's unions name exactly the codes of the
+// API's table (api/codes.go), so a code added there fails here until the
+// client's types follow, and a type names no code the server cannot send.
+// The page's messages are checked against the same table in
+// web_test.go's TestMessageTables.
 func TestContractCodes(t *testing.T) {
 	v, err := apitest.NewValidator()
 	if err != nil {
@@ -53,21 +56,22 @@ func TestContractCodes(t *testing.T) {
 	}
 	types := unions(t)
 	tests := []struct {
-		schema, union, prefix string
+		union, prefix string
+		want          []string
 	}{
-		{"ErrorCode", "ErrorCode", "err."},
-		{"TaskErrorCode", "TaskErrorCode", "taskerr."},
-		{"WarningCode", "WarningCode", "warn."},
-		{"Language", "Language", "lang.name."},
+		{"ErrorCode", "err.", api.Codes()},
+		{"TaskErrorCode", "taskerr.", api.TaskErrorCodes()},
+		{"WarningCode", "warn.", api.WarningCodes()},
+		{"Language", "lang.name.", v.Enum("Language")},
 	}
 	for _, tc := range tests {
-		t.Run(tc.schema, func(t *testing.T) {
-			doc := slices.Sorted(slices.Values(v.Enum(tc.schema)))
+		t.Run(tc.union, func(t *testing.T) {
+			want := slices.Sorted(slices.Values(tc.want))
 			ts := slices.Sorted(slices.Values(types[tc.union]))
-			if len(doc) == 0 || !slices.Equal(doc, ts) {
-				t.Errorf("OpenAPI %s %v\nclient.d.ts %s %v", tc.schema, doc, tc.union, ts)
+			if len(want) == 0 || !slices.Equal(want, ts) {
+				t.Errorf("api/codes.go %v\nclient.d.ts %s %v", want, tc.union, ts)
 			}
-			for _, code := range doc {
+			for _, code := range want {
 				for lang, table := range tables {
 					if table[tc.prefix+code] == "" {
 						t.Errorf("%s table has no %s%s", lang, tc.prefix, code)
@@ -75,6 +79,12 @@ func TestContractCodes(t *testing.T) {
 				}
 			}
 		})
+	}
+	// The client's own codes never shadow a server's.
+	for _, c := range types["ClientErrorCode"] {
+		if slices.Contains(api.Codes(), c) {
+			t.Errorf("ClientErrorCode %q is also a server code", c)
+		}
 	}
 }
 

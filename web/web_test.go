@@ -18,31 +18,20 @@ import (
 	"testing/fstest"
 
 	"golang.org/x/net/html"
+
+	"faregate/api"
 )
 
-// Every code the contract and the later issues name: each needs a message
-// and a next step in both languages. contract_test.go checks these lists
-// against the OpenAPI document and client.d.ts.
-var errorCodes = []string{
-	"invalid_request", "prompt_rejected", "invalid_api_key", "turnstile_failed",
-	"task_not_found", "not_found", "method_not_allowed", "request_too_large",
-	"unsupported_media_type", "demo_ip_limit_reached", "demo_global_limit_reached",
-	"demo_budget_exhausted", "too_many_streams", "rate_limited", "too_many_failed_checks",
-	"token_rate_limited", "key_daily_limit_reached", "anomaly_blocked", "internal_error",
-	"demo_protection_unavailable", "model_unavailable", "aitf_queue_full", "server_busy",
-	// Page-side conditions with their own text.
-	"network", "unknown", "config", "turnstile_load", "turnstile_widget",
-}
-
-// Codes of a failed task: the attempt was counted, so they have their own
-// words ("taskerr.<code>").
-var taskErrorCodes = []string{"model_unavailable", "agent_failed", "worker_lost", "input_spike", "token_rate_limited", "unknown"}
-
-var warningCodes = []string{
-	"weather_unavailable", "search_unavailable", "fetch_failed", "downstream_pushback",
-	"budget_exhausted", "output_truncated", "output_loop", "step_limit", "tool_limit",
-	"time_limit", "tool_loop", "low_precision", "fallback_model", "unknown",
-}
+// The codes that need words are the API's table's (api/codes.go), plus the
+// page's own conditions and the fallbacks for a code the page does not
+// know. contract_test.go checks the other direction: the tables name no
+// code but these.
+var (
+	pageConditions = []string{"network", "unknown", "config", "turnstile_load", "turnstile_widget"}
+	errorCodes     = append(api.Codes(), pageConditions...)
+	taskErrorCodes = append(api.TaskErrorCodes(), "unknown")
+	warningCodes   = append(api.WarningCodes(), "unknown")
+)
 
 var versionRE = regexp.MustCompile(`/assets/([0-9a-f]{8,12})/app\.js`)
 
@@ -614,6 +603,20 @@ func TestMessageTables(t *testing.T) {
 			}
 		}
 	})
+	t.Run("no code the table does not know", func(t *testing.T) {
+		for k := range en {
+			for prefix, known := range map[string][]string{"err.": errorCodes, "taskerr.": taskErrorCodes, "warn.": warningCodes} {
+				code, ok := strings.CutPrefix(k, prefix)
+				if !ok {
+					continue
+				}
+				code = strings.TrimSuffix(code, ".next")
+				if !slices.Contains(known, code) {
+					t.Errorf("%q: %s is no code of api/codes.go and no page condition", k, code)
+				}
+			}
+		}
+	})
 	t.Run("waiting times", func(t *testing.T) {
 		// The issue fixes these forms: "5 h 12 min" and "5 小时 12 分钟".
 		want := map[string][2]string{
@@ -787,6 +790,11 @@ func TestAssetSize(t *testing.T) {
 	err := fs.WalkDir(Files(), ".", func(name string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
+		}
+		if strings.HasSuffix(name, ".d.ts") {
+			// Types for developers of other frontends (served at
+			// /api/client.d.ts); the page never downloads them.
+			return nil
 		}
 		b := readStatic(t, name)
 		raw += len(b)

@@ -43,10 +43,6 @@ const (
 	HeaderTruncated = "X-Faregate-Truncated"
 )
 
-// WarnPushback is the task warning code for a downstream that answered 429
-// or X-AITF-Degrade: true; its detail is the host name.
-const WarnPushback = "downstream_pushback"
-
 // DefaultPublicURL is named in the User-Agent when no public URL is set.
 const DefaultPublicURL = "https://github.com/faregate/faregate"
 

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"faregate/protect/codes"
 )
 
 // sleeper records the waits a Transport asks for instead of spending them.
@@ -518,8 +520,8 @@ func TestPushbackWarnedOncePerHost(t *testing.T) {
 		}
 	}
 	w := r.warn.all()
-	if len(w) != 1 || w[0] != WarnPushback+":127.0.0.1" {
-		t.Fatalf("warnings %v, want one %s for the host", w, WarnPushback)
+	if len(w) != 1 || w[0] != codes.DownstreamPushback+":127.0.0.1" {
+		t.Fatalf("warnings %v, want one %s for the host", w, codes.DownstreamPushback)
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sync/singleflight"
+
+	"faregate/protect/codes"
 )
 
 // SessionOptions describe the task a Session serves.
@@ -333,7 +335,7 @@ func (s *Session) notePushback(host string, o outcome) {
 	}
 	s.t.lg.Info("outbound: downstream pushed back", "host", host, "status", o.statusCode)
 	if s.opts.Warn != nil {
-		s.opts.Warn(WarnPushback, host)
+		s.opts.Warn(codes.DownstreamPushback, host)
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
+	"faregate/protect/codes"
 )
 
 // Options configure an Executor.
@@ -276,11 +277,11 @@ wait:
 		return failed
 	}
 	if final == nil {
-		return agent.Fail(task.CodeAgentFailed, "the agent sent no answer")
+		return agent.Fail(codes.AgentFailed, "the agent sent no answer")
 	}
 	if final.Error != nil {
 		r.lg.Info("agent reported an error", "agent_code", clip(final.Error.Code, 64))
-		return agent.Fail(task.CodeAgentFailed, "the agent reported an error and could not finish the task")
+		return agent.Fail(codes.AgentFailed, "the agent reported an error and could not finish the task")
 	}
 	res := &task.Result{Text: final.Result.Text, Model: e.o.Model, Language: rec.Request.Lang(),
 		Warnings: append([]string{}, rec.Warnings...)}
@@ -340,19 +341,19 @@ func (e *Executor) answer(resp *http.Response) outcome {
 	case http.StatusOK:
 	default:
 		e.o.Logger.Info("agent refused the delivery", "status", resp.StatusCode)
-		return outcome{err: agent.Fail(task.CodeAgentFailed, fmt.Sprintf("the agent answered %d", resp.StatusCode))}
+		return outcome{err: agent.Fail(codes.AgentFailed, fmt.Sprintf("the agent answered %d", resp.StatusCode))}
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
-		return outcome{err: agent.Fail(task.CodeAgentFailed, "the agent's answer broke off")}
+		return outcome{err: agent.Fail(codes.AgentFailed, "the agent's answer broke off")}
 	}
 	if len(body) > maxAnswer {
-		return outcome{err: agent.Fail(task.CodeAgentFailed, "the agent's answer is too large")}
+		return outcome{err: agent.Fail(codes.AgentFailed, "the agent's answer is too large")}
 	}
 	a, err := task.ParseAnswer(body)
 	if err != nil {
 		e.o.Logger.Info("agent answered an invalid body", "why", err.Error())
-		return outcome{err: agent.Fail(task.CodeAgentFailed, "the agent's answer is not valid: "+err.Error())}
+		return outcome{err: agent.Fail(codes.AgentFailed, "the agent's answer is not valid: "+err.Error())}
 	}
 	return outcome{answer: &a}
 }
@@ -451,9 +452,9 @@ func (r *run) apply(m taskkey.Message) *task.Answer {
 		if err := json.Unmarshal(m.Data, &p); err != nil {
 			return nil
 		}
-		if m.Type == taskkey.TypeStep && p.Fail == task.CodeInputSpike && r.ended == nil {
+		if m.Type == taskkey.TypeStep && p.Fail == codes.InputSpike && r.ended == nil {
 			// The contract: an input spike ends the task with its code.
-			r.ended = agent.Fail(task.CodeInputSpike, "a model call's prompt was far larger than usual for this visitor, so it was not made")
+			r.ended = agent.Fail(codes.InputSpike, "a model call's prompt was far larger than usual for this visitor, so it was not made")
 		}
 		if m.Type == taskkey.TypeStep {
 			// What a model call was charged counts on the task's usage;

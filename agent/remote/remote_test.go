@@ -19,6 +19,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
+	"faregate/protect/codes"
 	"faregate/protect/redistest"
 )
 
@@ -170,7 +171,7 @@ func TestPostedResultAndSteps(t *testing.T) {
 					t.Error(err)
 				}
 			}
-			step, _ := json.Marshal(taskkey.Posted{Kind: "model", Name: "gpt", Status: "ok", DurationMS: 12, Warning: task.WarnOutputTruncated})
+			step, _ := json.Marshal(taskkey.Posted{Kind: "model", Name: "gpt", Status: "ok", DurationMS: 12, Warning: codes.OutputTruncated})
 			if err := f.keys.Step(ctx, g, step); err != nil {
 				t.Error(err)
 			}
@@ -191,7 +192,7 @@ func TestPostedResultAndSteps(t *testing.T) {
 		rec.Steps[1].Status != "failed" || rec.Steps[1].Seq != 2 || rec.Steps[2].Kind != "model" || rec.Steps[2].DurationMS != 12 {
 		t.Fatalf("steps %+v", rec.Steps)
 	}
-	if len(rec.Result.Warnings) != 1 || rec.Result.Warnings[0] != task.WarnOutputTruncated {
+	if len(rec.Result.Warnings) != 1 || rec.Result.Warnings[0] != codes.OutputTruncated {
 		t.Fatalf("warnings %v", rec.Result.Warnings)
 	}
 	f.mu.Lock()
@@ -213,23 +214,23 @@ func TestAgentFailures(t *testing.T) {
 		life time.Duration
 		code string
 	}{
-		{"500", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 5 * time.Second, task.CodeAgentFailed},
-		{"204", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, 5 * time.Second, task.CodeAgentFailed},
-		{"redirect", func(d Delivery, w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/x", http.StatusFound) }, 5 * time.Second, task.CodeAgentFailed},
-		{"not JSON", func(d Delivery, w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }, 5 * time.Second, task.CodeAgentFailed},
+		{"500", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 5 * time.Second, codes.AgentFailed},
+		{"204", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, 5 * time.Second, codes.AgentFailed},
+		{"redirect", func(d Delivery, w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/x", http.StatusFound) }, 5 * time.Second, codes.AgentFailed},
+		{"not JSON", func(d Delivery, w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }, 5 * time.Second, codes.AgentFailed},
 		{"empty text", func(d Delivery, w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, `{"result":{"text":"  "}}`)
-		}, 5 * time.Second, task.CodeAgentFailed},
+		}, 5 * time.Second, codes.AgentFailed},
 		{"text too long", func(d Delivery, w http.ResponseWriter, r *http.Request) {
 			raw, _ := json.Marshal(map[string]any{"result": map[string]string{"text": strings.Repeat("a", task.MaxResultText+1)}})
 			_, _ = w.Write(raw)
-		}, 5 * time.Second, task.CodeAgentFailed},
+		}, 5 * time.Second, codes.AgentFailed},
 		{"answer too large", func(d Delivery, w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, `{"result":{"text":"`+strings.Repeat(`\u0061`, maxAnswer/6+10)+`"}}`)
-		}, 5 * time.Second, task.CodeAgentFailed},
+		}, 5 * time.Second, codes.AgentFailed},
 		{"posted error", func(d Delivery, w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, `{"error":{"code":"mine","message":"no"}}`)
-		}, 5 * time.Second, task.CodeAgentFailed},
+		}, 5 * time.Second, codes.AgentFailed},
 		{"hang", func(d Delivery, w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, 700 * time.Millisecond, task.CodeAgentUnreachable},
 		{"silent 202", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(202) }, 700 * time.Millisecond, task.CodeAgentTimeout},
 		{"reset", func(d Delivery, w http.ResponseWriter, r *http.Request) {
@@ -314,13 +315,13 @@ func TestModelStepsChargeAndEnd(t *testing.T) {
 				return
 			}
 			forged, _ := json.Marshal(taskkey.Posted{Kind: task.KindAgent, Name: "x", Status: "ok",
-				PromptTokens: 1 << 40, CompletionTokens: 1 << 40, Fail: task.CodeInputSpike})
+				PromptTokens: 1 << 40, CompletionTokens: 1 << 40, Fail: codes.InputSpike})
 			if err := f.keys.Event(ctx, g, forged); err != nil {
 				t.Error(err)
 			}
 			for _, p := range []taskkey.Posted{
 				{Kind: "model", Name: "chat", Status: "ok", PromptTokens: 100, CompletionTokens: 20},
-				{Kind: "model", Name: "chat", Status: "failed", Fail: task.CodeInputSpike},
+				{Kind: "model", Name: "chat", Status: "failed", Fail: codes.InputSpike},
 			} {
 				raw, _ := json.Marshal(p)
 				if err := f.keys.Step(ctx, g, raw); err != nil {
@@ -330,7 +331,7 @@ func TestModelStepsChargeAndEnd(t *testing.T) {
 		}()
 	})
 	rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
-	if code, _, ok := agent.FailureCode(err); !ok || code != task.CodeInputSpike {
+	if code, _, ok := agent.FailureCode(err); !ok || code != codes.InputSpike {
 		t.Fatalf("run ended %v, want the task code input_spike", err)
 	}
 	if rec.Usage.PromptTokens != 100 || rec.Usage.CompletionTokens != 20 {

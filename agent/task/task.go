@@ -1,7 +1,8 @@
 // Package task holds what faregate knows about a trip-planning task: the
-// request, the steps of its run, its result, its events and the stable codes
-// clients see. It has no dependencies, so the API, the task store and the
-// workflow can share it without importing each other.
+// request, the steps of its run, its result and its events. Its error and
+// warning codes are faregate/codes'. It has no dependencies, so the API,
+// the task store and the workflow can share it without importing each
+// other.
 package task
 
 import (
@@ -19,39 +20,6 @@ const (
 	StatusRunning   = "running"
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
-)
-
-// Task failure codes (stable: the page maps them to messages). Two of them
-// are also HTTP error codes of the same meaning; this is their one definition.
-const (
-	CodeModelUnavailable = "model_unavailable"
-	CodeAgentFailed      = "agent_failed"
-	// CodeWorkerLost: the replica running the task stopped (its lease
-	// lapsed); the task is not run twice, since it may have spent tokens.
-	CodeWorkerLost = "worker_lost"
-	// CodeInputSpike: a model call's prompt was over 10× the principal's
-	// average; the call was not made.
-	CodeInputSpike = "input_spike"
-	// CodeTokenRateLimited: a model call could not get tokens from the
-	// principal's or the site's tokens-per-minute bucket in time.
-	CodeTokenRateLimited = "token_rate_limited"
-)
-
-// Warning codes a run may end with (stable: the page explains each).
-const (
-	WarnWeatherUnavailable = "weather_unavailable"
-	WarnSearchUnavailable  = "search_unavailable"
-	WarnFetchFailed        = "fetch_failed"
-	WarnDownstreamPushback = "downstream_pushback"
-	WarnBudgetExhausted    = "budget_exhausted"
-	WarnOutputTruncated    = "output_truncated"
-	WarnOutputLoop         = "output_loop"
-	WarnStepLimit          = "step_limit"
-	WarnToolLimit          = "tool_limit"
-	WarnTimeLimit          = "time_limit"
-	WarnToolLoop           = "tool_loop"
-	WarnLowPrecision       = "low_precision"
-	WarnFallbackModel      = "fallback_model"
 )
 
 // Model status values, as GET /api/config reports them.

@@ -14,6 +14,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/outbound"
+	"faregate/protect/codes"
 )
 
 // Limits of fetch_page.
@@ -61,7 +62,7 @@ func (fetchPage) Definition() chat.ToolDef {
 }
 
 // Call implements Tool. A malformed URL is the model's mistake (no
-// warning); a refused, unreachable or unreadable page is WarnFetch.
+// warning); a refused, unreachable or unreadable page is codes.FetchFailed.
 func (f fetchPage) Call(ctx context.Context, args string) Observation {
 	raw, ok := stringArg(args, "url", maxURLLen)
 	if !ok {
@@ -121,7 +122,7 @@ func (f fetchPage) Call(ctx context.Context, args string) Observation {
 }
 
 func fetchFailed(u *url.URL, why string) Observation {
-	return Observation{Failed: true, Warning: WarnFetch,
+	return Observation{Failed: true, Warning: codes.FetchFailed,
 		Text: fmt.Sprintf("Could not fetch %s: %s.", u.Redacted(), why)}
 }
 

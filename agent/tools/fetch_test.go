@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"faregate/agent/outbound"
+	"faregate/protect/codes"
 )
 
 // allowedIP is where the "public" test server listens: the policy of the
@@ -81,7 +82,7 @@ func TestFetchPageContentTypes(t *testing.T) {
 			})
 			tool, _ := fetchTool(t, Policy{Allow: allowTestServer}, nil)
 			obs := tool.Call(context.Background(), args("url", srv.URL))
-			if obs.Failed != tc.wantFailed || (tc.wantFailed && obs.Warning != WarnFetch) {
+			if obs.Failed != tc.wantFailed || (tc.wantFailed && obs.Warning != codes.FetchFailed) {
 				t.Fatalf("%+v", obs)
 			}
 			if !strings.Contains(obs.Text, tc.want) {
@@ -164,7 +165,7 @@ func TestFetchPageRefusesNonPublic(t *testing.T) {
 			// hanging on an unroutable address.
 			start := time.Now()
 			obs := tool.Call(taskCtx(t, 3*time.Second), args("url", tc.url))
-			if !obs.Failed || obs.Warning != WarnFetch || !strings.Contains(obs.Text, "not on the public internet") {
+			if !obs.Failed || obs.Warning != codes.FetchFailed || !strings.Contains(obs.Text, "not on the public internet") {
 				t.Fatalf("observation %+v", obs)
 			}
 			if strings.Contains(obs.Text, "internal secret") {
@@ -210,7 +211,7 @@ func TestFetchPageRedirectLimit(t *testing.T) {
 			if obs.Failed != tc.wantFailed {
 				t.Fatalf("%+v", obs)
 			}
-			if tc.wantFailed && (obs.Warning != WarnFetch || !strings.Contains(obs.Text, "redirects more than 3 times")) {
+			if tc.wantFailed && (obs.Warning != codes.FetchFailed || !strings.Contains(obs.Text, "redirects more than 3 times")) {
 				t.Fatalf("%+v", obs)
 			}
 			if !tc.wantFailed && !strings.Contains(obs.Text, "arrived") {
@@ -239,7 +240,7 @@ func TestFetchPageFailures(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := tool.Call(context.Background(), args("url", tc.url))
-			if !obs.Failed || (obs.Warning == WarnFetch) != tc.warn || !strings.Contains(obs.Text, tc.want) {
+			if !obs.Failed || (obs.Warning == codes.FetchFailed) != tc.warn || !strings.Contains(obs.Text, tc.want) {
 				t.Fatalf("%+v", obs)
 			}
 		})

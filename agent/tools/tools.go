@@ -23,13 +23,6 @@ import (
 	"faregate/agent/guide"
 )
 
-// Warning codes a tool may attach to its observation.
-const (
-	WarnWeather = "weather_unavailable"
-	WarnSearch  = "search_unavailable"
-	WarnFetch   = "fetch_failed"
-)
-
 // Tool names as the model sees them.
 const (
 	NameGuideSearch = "guide_search"
@@ -55,8 +48,9 @@ type Observation struct {
 	// the task's step shows as degraded, not failed. Failed stays true, for
 	// planners that want the asked-for answer.
 	Degraded bool
-	// Warning is "", WarnWeather, WarnSearch or WarnFetch: a task warning
-	// for the operator, set only when a dependency let the task down.
+	// Warning is "" or a task warning code (codes.WeatherUnavailable,
+	// codes.SearchUnavailable, codes.FetchFailed) for the operator, set
+	// only when a dependency let the task down.
 	Warning string
 	// Data is the result as typed values (GuideResult, Forecast) for
 	// planners that are not language models; nil when the tool has none.

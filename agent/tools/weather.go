@@ -14,6 +14,7 @@ import (
 
 	"faregate/agent/chat"
 	"faregate/agent/guide"
+	"faregate/protect/codes"
 )
 
 // maxAPIBody bounds what the tool reads from a JSON API, whatever client
@@ -34,7 +35,8 @@ type weather struct {
 // NewWeather returns the weather tool: a 7-day forecast from an
 // Open-Meteo-compatible API, located through the guide or, for other
 // places, an Open-Meteo-compatible geocoding API. When the forecast cannot
-// be had it answers with the guide's seasonal norms and WarnWeather.
+// be had it answers with the guide's seasonal norms and the warning
+// codes.WeatherUnavailable.
 func NewWeather(c *http.Client, cfg Config) Tool {
 	return weather{c: c, cfg: cfg.withDefaults()}
 }
@@ -125,7 +127,8 @@ type place struct {
 
 // Call implements Tool. A place that does not exist is the model's
 // mistake (Failed, no warning); a service that does not answer is an
-// outage (norms plus WarnWeather), so the operator can tell them apart.
+// outage (norms plus codes.WeatherUnavailable), so the operator can tell
+// them apart.
 func (w weather) Call(ctx context.Context, args string) Observation {
 	loc, ok := stringArg(args, "location", maxLocationLen)
 	if !ok {
@@ -154,7 +157,7 @@ func (w weather) Call(ctx context.Context, args string) Observation {
 
 // unavailable degrades to seasonal norms when the guide knows the place.
 func (w weather) unavailable(p place) Observation {
-	o := Observation{Failed: true, Warning: WarnWeather}
+	o := Observation{Failed: true, Warning: codes.WeatherUnavailable}
 	if p.city == nil {
 		o.Text = fmt.Sprintf("Live forecast unavailable for %s, and the guide has no seasonal norms for it.", p.label)
 		o.Data = Forecast{Place: p.label}

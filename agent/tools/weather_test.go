@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"faregate/agent/outbound"
+	"faregate/protect/codes"
 )
 
 const forecastJSON = `{"latitude":38.72,"longitude":-9.14,"timezone":"Europe/Lisbon",
@@ -177,8 +178,8 @@ func TestWeatherDegrades(t *testing.T) {
 			sess, rec := session(t, nil)
 			tool := NewWeather(sess.Client(), Config{WeatherURL: fcURL, GeocodingURL: closed.URL, Now: august})
 			obs := tool.Call(taskCtx(t, tc.deadline), args("location", tc.location))
-			if !obs.Failed || obs.Warning != WarnWeather {
-				t.Fatalf("observation %+v, want failed with %s", obs, WarnWeather)
+			if !obs.Failed || obs.Warning != codes.WeatherUnavailable {
+				t.Fatalf("observation %+v, want failed with %s", obs, codes.WeatherUnavailable)
 			}
 			if !strings.Contains(obs.Text, tc.wantText) {
 				t.Errorf("text %q, want %q", obs.Text, tc.wantText)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"faregate/agent/chat"
+	"faregate/protect/codes"
 )
 
 // searchResults is how many results web_search shows the model.
@@ -45,7 +46,7 @@ func (s webSearch) Call(ctx context.Context, args string) Observation {
 	if !ok {
 		return badArgs(NameWebSearch, "query", `{"query": "Lisbon events this week"}`, maxQueryLen)
 	}
-	unavailable := Observation{Failed: true, Warning: WarnSearch,
+	unavailable := Observation{Failed: true, Warning: codes.SearchUnavailable,
 		Text: "Web search is unavailable right now; rely on the built-in guide (guide_search) instead."}
 	if s.url == "" {
 		return unavailable

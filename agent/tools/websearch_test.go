@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"faregate/protect/codes"
 )
 
 func TestWebSearch(t *testing.T) {
@@ -47,15 +49,15 @@ func TestWebSearch(t *testing.T) {
 		{
 			name:       "server error",
 			handler:    func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) },
-			wantFailed: true, wantWarning: WarnSearch, want: []string{"Web search is unavailable"},
+			wantFailed: true, wantWarning: codes.SearchUnavailable, want: []string{"Web search is unavailable"},
 		},
 		{
 			name:       "not JSON",
 			handler:    func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "<html>captcha</html>") },
-			wantFailed: true, wantWarning: WarnSearch,
+			wantFailed: true, wantWarning: codes.SearchUnavailable,
 		},
-		{name: "server down", url: closed.URL, wantFailed: true, wantWarning: WarnSearch},
-		{name: "not configured", url: "-", wantFailed: true, wantWarning: WarnSearch},
+		{name: "server down", url: closed.URL, wantFailed: true, wantWarning: codes.SearchUnavailable},
+		{name: "not configured", url: "-", wantFailed: true, wantWarning: codes.SearchUnavailable},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

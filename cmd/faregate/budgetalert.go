@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 
+	"faregate/agent"
 	"faregate/api"
 	"faregate/protect/alert"
 	"faregate/protect/budget"
+	"faregate/protect/principal"
 )
 
 // admissionBudget is the budget as the gate sees it, raising
@@ -38,30 +38,10 @@ func (b admissionBudget) CanAfford(ctx context.Context, r budget.AffordRequest) 
 	err := b.Budget.CanAfford(ctx, r)
 	var ex *budget.ExhaustedError
 	if errors.As(err, &ex) && ex.First {
-		scope := string(ex.Scope)
-		switch ex.Scope {
-		case budget.ScopePrincipal:
-			scope = "principal:" + shownAccount(r.Principal)
-		case budget.ScopeTier:
-			scope = "tier:" + r.Tier
-		}
-		unit := "tokens"
-		if ex.Scope == budget.ScopeSpend {
-			unit = "micro-units"
-		}
-		b.notify(alert.Alert{Event: alert.BudgetExhausted, Scope: scope, Severity: alert.Critical,
-			Text: fmt.Sprintf("%s has exhausted its daily budget: new tasks are refused until midnight UTC", scope),
-			Details: map[string]any{"scope": string(ex.Scope), "remaining": ex.Remaining, "unit": unit,
-				"principal": shownAccount(r.Principal), "at": "admission"}})
+		a := agent.ExhaustedAlert(ex, r.Principal, r.Tier, "", "new tasks")
+		a.Details["principal"] = principal.FromAccount(r.Principal).String()
+		a.Details["at"] = "admission"
+		b.notify(a)
 	}
 	return err
-}
-
-// shownAccount is a budget account as alerts show it (the agent's form): a
-// key's id whole ("k:acme"), a visitor's hash cut to 12 hex digits.
-func shownAccount(p string) string {
-	if id, ok := strings.CutPrefix(p, "k_"); ok {
-		return "k:" + id
-	}
-	return "v:" + clip(strings.TrimPrefix(p, "v_"), 12)
 }

@@ -14,6 +14,7 @@ import (
 	"faregate/agent/taskstore"
 	"faregate/protect/budget"
 	"faregate/protect/clocktest"
+	"faregate/protect/codes"
 	"faregate/protect/quota"
 	"faregate/protect/redistest"
 )
@@ -108,10 +109,10 @@ func TestKilledProcess(t *testing.T) {
 		if held != 0 || principal != 0 || open != 0 {
 			t.Fatalf("after worker_lost: task outstanding %d, principal outstanding %d, %d open reservations; want all 0", held, principal, open)
 		}
-		if e, _ := got["error"].(map[string]any); e["code"] != task.CodeWorkerLost {
+		if e, _ := got["error"].(map[string]any); e["code"] != codes.WorkerLost {
 			t.Fatalf("failed with %v, want worker_lost", got["error"])
 		}
-		assertFinalEvents(t, f.waitEnded(t, 10*time.Second), "failed", task.CodeWorkerLost)
+		assertFinalEvents(t, f.waitEnded(t, 10*time.Second), "failed", codes.WorkerLost)
 		waitLog(t, b.Out, 5*time.Second, "task failed: worker lost", id)
 		if n := countLines(b.Out.String(), "task failed: worker lost"); n != 1 {
 			t.Fatalf("%d worker-lost lines on the surviving replica, want 1", n)
@@ -169,7 +170,7 @@ func TestKilledProcess(t *testing.T) {
 		if !ok {
 			t.Fatalf("running task not failed within lease + 5 s of the other replica's start: %v", got)
 		}
-		if e, _ := got["error"].(map[string]any); e["code"] != task.CodeWorkerLost {
+		if e, _ := got["error"].(map[string]any); e["code"] != codes.WorkerLost {
 			t.Fatalf("running task failed with %v, want worker_lost", got["error"])
 		}
 		if held, _, _ := taskOutstanding(t, rdb, storedRecord(t, rdb, running)); held != 0 {
@@ -263,7 +264,7 @@ func TestShutdownFollowerGetsFinalEvents(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- s.Stop() }()
 	evs := f.waitEnded(t, 30*time.Second)
-	done := assertFinalEvents(t, evs, "failed", task.CodeAgentFailed)
+	done := assertFinalEvents(t, evs, "failed", codes.AgentFailed)
 	if e, _ := done["error"].(map[string]any); !strings.Contains(fmt.Sprint(e["message"]), "shut down") {
 		t.Fatalf("the failure does not say the server shut down: %v", done["error"])
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 )
 
 // runKeys implements `faregate keys new -id ID -tier TIER`: a fresh API
@@ -37,7 +38,7 @@ func runKeys(args []string, stdout io.Writer) error {
 	switch {
 	case !policy.ValidTierName(*tier):
 		problems = append(problems, fmt.Errorf("keys new: -tier %q: want [a-z0-9_-]{1,32}", *tier))
-	case *tier == policy.PublicTier:
+	case *tier == principal.PublicTier:
 		problems = append(problems, errors.New("keys new: -tier public: the public tier is the anonymous lane and takes no keys"))
 	}
 	if len(problems) > 0 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 )
 
 // keyLine and policyLine find the two things `keys new` prints.
@@ -42,7 +43,7 @@ func TestKeysNewParsesBack(t *testing.T) {
 
 	// Pasted under keys: of a policy, the line admits the printed key.
 	file := "tiers:\n  partner: {tasks_per_day: 500, tokens_per_day: 2000000, requests_per_minute: 600}\nkeys:\n" + pm[0] + "\n"
-	p, err := policy.Parse([]byte(file), "pasted.yaml", policy.Tier{TasksPerDay: 5, TokensPerDay: 40000, RequestsPerMinute: 120})
+	p, err := policy.Parse([]byte(file), "pasted.yaml", principal.Tier{TasksPerDay: 5, TokensPerDay: 40000, RequestsPerMinute: 120})
 	if err != nil {
 		t.Fatalf("the printed line does not parse: %v", err)
 	}

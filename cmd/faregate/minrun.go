@@ -11,6 +11,7 @@ import (
 	"faregate/agent/task"
 	"faregate/protect/budget"
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 )
 
 // minRun is one minimal run: what a task must be able to reserve for its
@@ -93,7 +94,7 @@ func (m minRun) checkPolicy(cfg *config, p *policy.Policy) error {
 	var errs []error
 	for _, t := range p.Tiers() {
 		name := "tier " + t.Name
-		if t.Name == policy.PublicTier {
+		if t.Name == principal.PublicTier {
 			name = "tier public (FAREGATE_IP_DAILY_TOKENS, unless the policy file sets tiers.public)"
 		}
 		if t.TokensPerDay < m.tokens {

@@ -15,6 +15,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
 	"faregate/api"
+	"faregate/protect/codes"
 	"faregate/protect/memo"
 	"faregate/protect/ratelimit"
 )
@@ -81,14 +82,14 @@ func (e *governedEndpoint) record(ctx context.Context, s gateway.Spec, out agent
 	switch {
 	case err != nil:
 		st.Status, st.Detail = "failed", "refused or failed: "+refusalWord(err)
-		if code, _, ok := agent.FailureCode(err); ok && code == task.CodeInputSpike {
+		if code, _, ok := agent.FailureCode(err); ok && code == codes.InputSpike {
 			st.Fail = code // the task ends with it (contract)
 		}
 	default:
 		st.Detail = fmt.Sprintf("%s: %d prompt + %d output tokens", out.Model.Name, out.Charged.PromptTokens, out.Charged.CompletionTokens)
 		if out.Truncated {
 			st.Detail += " (cut at the task's budget)"
-			st.Warning = task.WarnOutputTruncated
+			st.Warning = codes.OutputTruncated
 		}
 	}
 	e.step(context.WithoutCancel(ctx), st)
@@ -119,9 +120,9 @@ func refusalWord(err error) string {
 func endpointError(err error) error {
 	if code, _, ok := agent.FailureCode(err); ok {
 		switch code {
-		case task.CodeInputSpike:
+		case codes.InputSpike:
 			return fmt.Errorf("%w: %w", ratelimit.ErrInputSpike, err)
-		case task.CodeTokenRateLimited:
+		case codes.TokenRateLimited:
 			return &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: time.Minute}
 		}
 		return fmt.Errorf("%w: %v", gateway.ErrUpstream, err)

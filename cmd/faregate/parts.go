@@ -25,6 +25,7 @@ import (
 	"faregate/protect/clientip"
 	"faregate/protect/plancache"
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 	"faregate/protect/turnstile"
@@ -134,7 +135,7 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 // so every problem of the kind is reported at once.
 func newPolicies(cfg *config, lg *slog.Logger, hup <-chan struct{}, ops *operations, sp *spending) (*policy.Store, error) {
 	tooSmall := sp.minimal.checkEnv(cfg)
-	public := policy.Tier{Name: policy.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
+	public := principal.Tier{Name: principal.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
 		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
 	store, err := policy.NewStore(policy.Options{
 		Path: cfg.PolicyFile, Defaults: public, Reload: hup, Logger: lg, Registerer: ops.registry,

@@ -3,6 +3,7 @@ package main
 import (
 	"faregate/api"
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 )
 
 // policyView adapts the policy file's immutable *policy.Policy to what the
@@ -10,26 +11,23 @@ import (
 // mixes two policies in one request.
 type policyView struct{ p *policy.Policy }
 
-func tierOf(t policy.Tier) api.Tier {
-	return api.Tier{Name: t.Name, TasksPerDay: t.TasksPerDay, TokensPerDay: t.TokensPerDay,
-		TokensPerMinute: t.TokensPerMinute, RequestsPerMinute: t.RequestsPerMinute, MaxSiteShare: t.MaxSiteShare}
-}
+var _ api.Policy = policyView{}
 
 // Public is the anonymous lane's tier.
-func (v policyView) Public() api.Tier { return tierOf(v.p.Public()) }
+func (v policyView) Public() principal.Tier { return v.p.Public() }
 
 // Authenticate resolves a bearer token to its key's id and tier.
-func (v policyView) Authenticate(token string) (string, api.Tier, error) {
+func (v policyView) Authenticate(token string) (string, principal.Tier, error) {
 	k, err := v.p.Authenticate(token)
 	if err != nil {
-		return "", api.Tier{}, err
+		return "", principal.Tier{}, err
 	}
 	t, ok := v.p.Tier(k.Tier)
 	if !ok {
 		// Load refuses a key whose tier is undefined; this cannot happen.
-		return "", api.Tier{}, &policy.KeyError{Fault: policy.KeyUnknown}
+		return "", principal.Tier{}, &policy.KeyError{Fault: policy.KeyUnknown}
 	}
-	return k.ID, tierOf(t), nil
+	return k.ID, t, nil
 }
 
 // CheckPrompt names the first static prompt rule the texts match.

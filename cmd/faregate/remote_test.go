@@ -19,6 +19,7 @@ import (
 
 	"faregate/agent/task"
 	"faregate/protect/clocktest"
+	"faregate/protect/codes"
 	"faregate/protect/redistest"
 )
 
@@ -410,8 +411,8 @@ func TestExternalAgent(t *testing.T) {
 
 	t.Run("failures", func(t *testing.T) {
 		cases := []struct{ dest, code string }{
-			{"status500", task.CodeAgentFailed},
-			{"invalid", task.CodeAgentFailed},
+			{"status500", codes.AgentFailed},
+			{"invalid", codes.AgentFailed},
 			{"hang", task.CodeAgentUnreachable},
 			{"silent", task.CodeAgentTimeout},
 			{"reset", task.CodeAgentUnreachable},
@@ -575,7 +576,7 @@ func TestExternalAgentKilledReplica(t *testing.T) {
 	if !ok {
 		t.Fatalf("task not failed within 4/3 lease + 5 s of the kill: %v", got)
 	}
-	if e, _ := got["error"].(map[string]any); e["code"] != task.CodeWorkerLost {
+	if e, _ := got["error"].(map[string]any); e["code"] != codes.WorkerLost {
 		t.Fatalf("failed with %v, want worker_lost", got["error"])
 	}
 	select {

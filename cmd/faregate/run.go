@@ -33,6 +33,7 @@ import (
 	"faregate/protect/connlimit"
 	"faregate/protect/plancache"
 	"faregate/protect/policy"
+	"faregate/protect/principal"
 )
 
 // usageText is the help text.
@@ -174,7 +175,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	}
 	// A reload that raises a limit clears the denials it made wrong.
 	pol.Subscribe(func(old, p *policy.Policy) {
-		srv.ForgetDenials(slices.Contains(p.RaisedTiers(old), policy.PublicTier), p.RaisedKeys(old))
+		srv.ForgetDenials(slices.Contains(p.RaisedTiers(old), principal.PublicTier), p.RaisedKeys(old))
 	})
 	a.server, a.registry, a.alerts, a.policies, a.runner, a.hub = srv, ops.registry, ops.alerts, pol, rn.runner, rn.hub
 	a.callback = ext.callbackURL()

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"faregate/protect/codes"
 )
 
 // ErrMode is returned by ParseMode for an unknown mode.
@@ -316,5 +318,5 @@ func refuseJSON(w http.ResponseWriter, _ *http.Request, retryAfter time.Duration
 	w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusServiceUnavailable)
-	_, _ = io.WriteString(w, `{"error":{"code":"aitf_queue_full","message":"Too many automated requests are waiting; try again shortly."}}`+"\n")
+	_, _ = io.WriteString(w, `{"error":{"code":"`+codes.AITFQueueFull+`","message":"Too many automated requests are waiting; try again shortly."}}`+"\n")
 }

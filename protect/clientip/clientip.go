@@ -19,6 +19,9 @@ import (
 	"net/textproto"
 	"strings"
 	"sync"
+
+	"faregate/protect/codes"
+	"faregate/protect/principal"
 )
 
 // ErrBadRemoteAddr reports a request whose RemoteAddr is not an IP address
@@ -271,13 +274,11 @@ func (v Visitor) RemoteIP() string {
 	return v.ip.String()
 }
 
-// String returns "v:" and the first 12 hex characters of the key: enough to
-// follow one visitor through the logs, never the IP.
+// String is the visitor as a principal shows in logs ("v:" and the first
+// 12 hex characters of the key): enough to follow one visitor through the
+// logs, never the IP.
 func (v Visitor) String() string {
-	if len(v.key) < 12 {
-		return "v:none"
-	}
-	return "v:" + v.key[:12]
+	return principal.Principal{Kind: principal.KindVisitor, ID: v.key}.String()
 }
 
 // GoString makes %#v print the same short form instead of the fields.
@@ -337,7 +338,7 @@ func (r *Resolver) Middleware(onError func(http.ResponseWriter, *http.Request, e
 func internalError(w http.ResponseWriter, _ *http.Request, _ error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusInternalServerError)
-	_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"The server could not identify the connection."}}` + "\n"))
+	_, _ = w.Write([]byte(`{"error":{"code":"` + codes.InternalError + `","message":"The server could not identify the connection."}}` + "\n"))
 }
 
 // RandomKey returns 32 random bytes, the HMAC key used when

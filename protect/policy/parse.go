@@ -16,6 +16,8 @@ import (
 	"unicode"
 
 	"go.yaml.in/yaml/v3"
+
+	"faregate/protect/principal"
 )
 
 // Problem is one thing wrong in a policy file.
@@ -117,11 +119,11 @@ var (
 // Parse validates a policy file's content; source names it in errors and
 // in Source. defaults are the public tier's values from the environment,
 // as in Load. The error is a *ValidationError naming every problem.
-func Parse(data []byte, source string, defaults Tier) (*Policy, error) {
+func Parse(data []byte, source string, defaults principal.Tier) (*Policy, error) {
 	ps := &parser{}
 	p := &Policy{
 		source: source,
-		tiers:  map[string]Tier{PublicTier: publicDefaults(defaults)},
+		tiers:  map[string]principal.Tier{principal.PublicTier: publicDefaults(defaults)},
 		prices: map[string]Price{},
 	}
 	if root := ps.document(data); root != nil {
@@ -386,9 +388,9 @@ func (ps *parser) tiers(p *Policy, n *yaml.Node) map[string]bool {
 			return
 		}
 		declared[name] = true
-		t := Tier{Name: name, MaxSiteShare: 1}
-		if name == PublicTier {
-			t = p.tiers[PublicTier]
+		t := principal.Tier{Name: name, MaxSiteShare: 1}
+		if name == principal.PublicTier {
+			t = p.tiers[principal.PublicTier]
 		}
 		given := make(map[string]bool)
 		ok := true
@@ -412,7 +414,7 @@ func (ps *parser) tiers(p *Policy, n *yaml.Node) map[string]bool {
 		})
 		if !mapOrNull(v) {
 			ok = false // mapping reported it
-		} else if name != PublicTier {
+		} else if name != principal.PublicTier {
 			// Other tiers have no environment values to fall back on, and
 			// silently inheriting the public lane's would surprise.
 			var missing []string
@@ -507,7 +509,7 @@ func (ps *parser) keys(p *Policy, n *yaml.Node, declared map[string]bool) {
 			ok = false
 		} else if tier, good := ps.text(v, join(path, "tier")); !good {
 			ok = false
-		} else if tier == PublicTier {
+		} else if tier == principal.PublicTier {
 			ps.bad(v, join(path, "tier"), "keys cannot use the public tier, the anonymous lane: define a tier of their own")
 			ok = false
 		} else if !declared[tier] {

@@ -9,10 +9,12 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"faregate/protect/principal"
 )
 
 // envDefaults stand for the public tier's values from the environment.
-var envDefaults = Tier{TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 0, RequestsPerMinute: 120}
+var envDefaults = principal.Tier{TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 0, RequestsPerMinute: 120}
 
 const (
 	hashA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -37,11 +39,11 @@ func TestParseGood(t *testing.T) {
 			name: "contract example",
 			file: contractExample,
 			check: func(t *testing.T, p *Policy) {
-				want := Tier{Name: "partner", TasksPerDay: 500, TokensPerDay: 2000000, TokensPerMinute: 100000, RequestsPerMinute: 600, MaxSiteShare: 1}
+				want := principal.Tier{Name: "partner", TasksPerDay: 500, TokensPerDay: 2000000, TokensPerMinute: 100000, RequestsPerMinute: 600, MaxSiteShare: 1}
 				if got, ok := p.Tier("partner"); !ok || got != want {
 					t.Errorf("partner = %+v, %v; want %+v", got, ok, want)
 				}
-				if got := p.Public(); got.TokensPerMinute != 6000 || got.TasksPerDay != 5 || got.Name != PublicTier {
+				if got := p.Public(); got.TokensPerMinute != 6000 || got.TasksPerDay != 5 || got.Name != principal.PublicTier {
 					t.Errorf("public = %+v", got)
 				}
 				if got := p.Keys(); !reflect.DeepEqual(got, []Key{{ID: "acme", Tier: "partner"}}) {
@@ -56,7 +58,7 @@ func TestParseGood(t *testing.T) {
 			name: "public fields replace the environment's one by one",
 			file: "tiers:\n  public: {tasks_per_day: 9}\n",
 			check: func(t *testing.T, p *Policy) {
-				want := Tier{Name: PublicTier, TasksPerDay: 9, TokensPerDay: 40000, RequestsPerMinute: 120, MaxSiteShare: 1}
+				want := principal.Tier{Name: principal.PublicTier, TasksPerDay: 9, TokensPerDay: 40000, RequestsPerMinute: 120, MaxSiteShare: 1}
 				if got := p.Public(); got != want {
 					t.Errorf("public = %+v, want %+v", got, want)
 				}
@@ -376,8 +378,8 @@ func TestLoad(t *testing.T) {
 }
 
 func TestDefault(t *testing.T) {
-	p := Default(Tier{Name: "ignored", TasksPerDay: 7, TokensPerDay: 70, RequestsPerMinute: 77})
-	want := Tier{Name: PublicTier, TasksPerDay: 7, TokensPerDay: 70, RequestsPerMinute: 77, MaxSiteShare: 1}
+	p := Default(principal.Tier{Name: "ignored", TasksPerDay: 7, TokensPerDay: 70, RequestsPerMinute: 77})
+	want := principal.Tier{Name: principal.PublicTier, TasksPerDay: 7, TokensPerDay: 70, RequestsPerMinute: 77, MaxSiteShare: 1}
 	if got := p.Public(); got != want {
 		t.Errorf("public = %+v, want %+v", got, want)
 	}

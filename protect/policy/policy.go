@@ -6,35 +6,13 @@ import (
 	"maps"
 	"os"
 	"slices"
-)
 
-// PublicTier is the anonymous lane's tier name. It exists in every policy
-// and cannot be given keys.
-const PublicTier = "public"
+	"faregate/protect/principal"
+)
 
 // SourceEnvironment is what Source reports for a policy built without a
 // file, from the environment's defaults only.
 const SourceEnvironment = "environment"
-
-// Tier is a set of limits shared by the principals of one lane. The limits
-// apply to each principal on its own, except MaxSiteShare, which bounds
-// the tier's principals together.
-type Tier struct {
-	// Name is the tier's name in the policy.
-	Name string
-	// TasksPerDay is the tasks one principal may start per UTC day (≥ 1).
-	TasksPerDay int64
-	// TokensPerDay is the tokens one principal may spend per UTC day (≥ 1).
-	TokensPerDay int64
-	// TokensPerMinute is the rate of one principal's token bucket; 0 means
-	// no bucket.
-	TokensPerMinute int64
-	// RequestsPerMinute is one principal's sliding window over /api (≥ 1).
-	RequestsPerMinute int64
-	// MaxSiteShare is the share (0 < s ≤ 1) of the site's daily token
-	// budget that the tier's principals may use together.
-	MaxSiteShare float64
-}
 
 // Key is an API key as the policy names it. The key itself is never kept,
 // only its SHA-256 (inside the Policy).
@@ -66,7 +44,7 @@ var ErrInvalidPolicy = errors.New("policy: invalid policy")
 // rules for as long as it holds it.
 type Policy struct {
 	source string
-	tiers  map[string]Tier
+	tiers  map[string]principal.Tier
 	keys   []keyEntry
 	rules  []rule
 	prices map[string]Price
@@ -81,17 +59,17 @@ type keyEntry struct {
 // Default is the policy without a file: the public tier from the
 // environment's values and the built-in prompt rules, no keys, no prices.
 // defaults.Name is ignored; a MaxSiteShare of 0 (unset) becomes 1.
-func Default(defaults Tier) *Policy {
+func Default(defaults principal.Tier) *Policy {
 	return &Policy{
 		source: SourceEnvironment,
-		tiers:  map[string]Tier{PublicTier: publicDefaults(defaults)},
+		tiers:  map[string]principal.Tier{principal.PublicTier: publicDefaults(defaults)},
 		rules:  builtinRules,
 		prices: map[string]Price{},
 	}
 }
 
-func publicDefaults(d Tier) Tier {
-	d.Name = PublicTier
+func publicDefaults(d principal.Tier) principal.Tier {
+	d.Name = principal.PublicTier
 	if d.MaxSiteShare <= 0 || d.MaxSiteShare > 1 {
 		d.MaxSiteShare = 1
 	}
@@ -101,7 +79,7 @@ func publicDefaults(d Tier) Tier {
 // Load reads and validates the policy file at path. defaults are the
 // public tier's values from the environment; fields of the file's public
 // tier replace them one by one. The error names every problem found.
-func Load(path string, defaults Tier) (*Policy, error) {
+func Load(path string, defaults principal.Tier) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
@@ -113,17 +91,17 @@ func Load(path string, defaults Tier) (*Policy, error) {
 func (p *Policy) Source() string { return p.source }
 
 // Tier returns the tier named name.
-func (p *Policy) Tier(name string) (Tier, bool) {
+func (p *Policy) Tier(name string) (principal.Tier, bool) {
 	t, ok := p.tiers[name]
 	return t, ok
 }
 
 // Public is the anonymous lane's tier; it always exists.
-func (p *Policy) Public() Tier { return p.tiers[PublicTier] }
+func (p *Policy) Public() principal.Tier { return p.tiers[principal.PublicTier] }
 
 // Tiers lists every tier, public included, sorted by name.
-func (p *Policy) Tiers() []Tier {
-	out := make([]Tier, 0, len(p.tiers))
+func (p *Policy) Tiers() []principal.Tier {
+	out := make([]principal.Tier, 0, len(p.tiers))
 	for _, name := range slices.Sorted(maps.Keys(p.tiers)) {
 		out = append(out, p.tiers[name])
 	}
@@ -204,7 +182,7 @@ func (p *Policy) RaisedKeys(old *Policy) []string {
 }
 
 // raised reports whether any limit of now is above the one in was.
-func raised(was, now Tier) bool {
+func raised(was, now principal.Tier) bool {
 	bucketUp := was.TokensPerMinute != 0 &&
 		(now.TokensPerMinute == 0 || now.TokensPerMinute > was.TokensPerMinute)
 	return now.TasksPerDay > was.TasksPerDay ||

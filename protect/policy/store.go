@@ -15,6 +15,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"faregate/protect/principal"
 	"faregate/protect/promreg"
 )
 
@@ -24,7 +25,7 @@ type Options struct {
 	// and nothing to reload.
 	Path string
 	// Defaults are the public tier's values from the environment.
-	Defaults Tier
+	Defaults principal.Tier
 	// Reload asks for a re-read now, whether or not the file changed;
 	// cmd feeds it from SIGHUP. May be nil.
 	Reload <-chan struct{}

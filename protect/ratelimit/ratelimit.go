@@ -33,6 +33,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"faregate/protect/codes"
 )
 
 var (
@@ -58,15 +60,16 @@ var (
 )
 
 // Reason names why a request was refused. Its values are the contract's
-// error codes, so the api can answer with string(reason).
+// error codes (faregate/codes), so logs and metrics name a refusal as the
+// client sees it.
 type Reason string
 
 // The refusal reasons; an admitted request has the empty Reason.
 const (
-	ReasonRateLimited         Reason = "rate_limited"
-	ReasonTooManyFailedChecks Reason = "too_many_failed_checks"
-	ReasonAnomalyBlocked      Reason = "anomaly_blocked"
-	ReasonTokenRateLimited    Reason = "token_rate_limited"
+	ReasonRateLimited         Reason = codes.RateLimited
+	ReasonTooManyFailedChecks Reason = codes.TooManyFailedChecks
+	ReasonAnomalyBlocked      Reason = codes.AnomalyBlocked
+	ReasonTokenRateLimited    Reason = codes.TokenRateLimited
 )
 
 // sentinel is the error a refusal with reason r unwraps to.

@@ -30,6 +30,11 @@ export type ErrorCode =
   | 'aitf_queue_full' // 503: AI-traffic delay queue full
   | 'server_busy' // 503: connection or stream limit of the process
   | 'fetch_refused' // 400 (/v1): not a public http(s) address
+  | 'model_not_allowed' // 400 (/v1): a model GET /v1/models does not list
+  | 'unsupported_parameter' // 400 (/v1): a cost-changing field (param names it)
+  | 'step_limit' // 429 (/v1): the task's model calls are used
+  | 'too_many_calls' // 429 (/v1): too many of the task's calls in flight
+  | 'input_spike' // 429 (/v1): a prompt far over the principal's average; the task ends
   | 'task_finished' // 409 (/v1): the task's result was already taken
   | 'event_limit' // 429 (/v1): the task's progress events are used up
   | 'tool_limit'; // 429 (/v1): the task's tool calls are used up

@@ -1,0 +1,48 @@
+package principal
+
+import "testing"
+
+// TestForms: each form of a principal, and the way back from the Account a
+// task record keeps.
+func TestForms(t *testing.T) {
+	hash := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name                          string
+		p                             Principal
+		scope, account, shown, metric string
+	}{
+		{"visitor", Principal{Kind: KindVisitor, ID: hash}, "v:" + hash, "v_" + hash, "v:0123456789ab", PublicTier},
+		{"key", Principal{Kind: KindKey, ID: "acme"}, "k:acme", "k_acme", "k:acme", "acme"},
+		{"short visitor id", Principal{Kind: KindVisitor, ID: "abc"}, "v:abc", "v_abc", "v:abc", PublicTier},
+		{"visitor without id", Principal{Kind: KindVisitor}, "v:", "v_", "v:none", PublicTier},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.p
+			if p.Scope() != tc.scope || p.Account() != tc.account || p.String() != tc.shown || p.MetricLabel() != tc.metric {
+				t.Errorf("scope %q account %q shown %q metric %q, want %q %q %q %q",
+					p.Scope(), p.Account(), p.String(), p.MetricLabel(), tc.scope, tc.account, tc.shown, tc.metric)
+			}
+			if got := string(p.AppendText([]byte("x "))); got != "x "+tc.shown {
+				t.Errorf("AppendText = %q", got)
+			}
+			if back := FromAccount(p.Account()); back != (Principal{Kind: p.Kind, ID: p.ID}) {
+				t.Errorf("FromAccount(%q) = %+v", p.Account(), back)
+			}
+		})
+	}
+	// Not an Account: taken for a visitor's hash and cut like one.
+	if p := FromAccount("0123456789abcdefXYZ"); p.Kind != KindVisitor || p.String() != "v:0123456789ab" {
+		t.Errorf("FromAccount of a bare string = %+v (%s)", p, p)
+	}
+}
+
+// TestAppendTextAllocs: the access log's form costs nothing into a buffer
+// that has room.
+func TestAppendTextAllocs(t *testing.T) {
+	p := Principal{Kind: KindVisitor, ID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
+	buf := make([]byte, 0, 64)
+	if n := testing.AllocsPerRun(100, func() { buf = p.AppendText(buf[:0]) }); n != 0 {
+		t.Errorf("%v allocations", n)
+	}
+}
