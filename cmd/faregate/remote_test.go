@@ -169,7 +169,7 @@ func (a *fakeAgent) serve(w http.ResponseWriter, r *http.Request) {
 				a.limitAnswers = append(a.limitAnswers, limitAnswer{"event", st, raw})
 			}
 		}
-		for _, bad := range []string{`{"name":"a​b","status":"ok"}`, `{"name":"x","status":"done"}`, `[1]`, `{"name":"` + strings.Repeat("n", 65) + `","status":"ok"}`} {
+		for _, bad := range []string{"{\"name\":\"a\u200bb\",\"status\":\"ok\"}", `{"name":"x","status":"done"}`, `[1]`, `{"name":"` + strings.Repeat("n", 65) + `","status":"ok"}`} {
 			st, raw := a.postFull(other, d.Body.EventsURL, key, bad)
 			a.limitAnswers = append(a.limitAnswers, limitAnswer{"bad", st, raw})
 		}
