@@ -55,9 +55,9 @@ type fakeBudget struct {
 	ReserveFn func(ctx context.Context, req budget.Request) (budget.Reservation, error)
 	SettleFn  func(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
 
-	mu       sync.Mutex
-	Left     int64
-	Prices   map[string]int64
+	mu        sync.Mutex
+	Left      int64
+	Prices    map[string]int64
 	reserved  []budget.Request
 	settled   []settlement
 	open      map[string]int64 // granted and not yet settled: id → tokens
