@@ -55,11 +55,13 @@ type fakeBudget struct {
 	ReserveFn func(ctx context.Context, req budget.Request) (budget.Reservation, error)
 	SettleFn  func(ctx context.Context, r budget.Reservation, prompt, completion int64) (budget.Settlement, error)
 
-	mu       sync.Mutex
-	Left     int64
-	Prices   map[string]int64
-	reserved []budget.Request
-	settled  []settlement
+	mu        sync.Mutex
+	Left      int64
+	Prices    map[string]int64
+	reserved  []budget.Request
+	settled   []settlement
+	open      map[string]int64 // granted and not yet settled: id → tokens
+	withdrawn []budget.Request
 }
 
 // settlement is one Settle call.
@@ -88,7 +90,15 @@ func (b *fakeBudget) Reserve(ctx context.Context, req budget.Request) (budget.Re
 		return budget.Reservation{}, &budget.ExhaustedError{Scope: budget.ScopeTask, Remaining: b.Left}
 	}
 	b.Left -= tokens
-	return budget.Reservation{ID: fmt.Sprintf("r%d", n), Day: req.Day, Principal: req.Principal, Tier: req.Tier,
+	id := req.ID
+	if id == "" {
+		id = fmt.Sprintf("r%d", n)
+	}
+	if b.open == nil {
+		b.open = map[string]int64{}
+	}
+	b.open[id] = tokens
+	return budget.Reservation{ID: id, Day: req.Day, Principal: req.Principal, Tier: req.Tier,
 		Task: req.Task, Model: req.Model, PrincipalLimit: req.PrincipalLimit, TierLimit: req.TierLimit,
 		Tokens: tokens, CostMicro: tokens * b.Prices[req.Model]}, nil
 }
@@ -116,6 +126,7 @@ func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, prompt, c
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	used := prompt + completion
+	delete(b.open, r.ID)
 	b.Left += r.Tokens - used
 	s := budget.Settlement{Tokens: used, CostMicro: used * b.Prices[r.Model]}
 	if used > r.Tokens {
@@ -123,6 +134,34 @@ func (b *fakeBudget) Settle(ctx context.Context, r budget.Reservation, prompt, c
 		s.OverageCostMicro = s.OverageTokens * b.Prices[r.Model]
 	}
 	return s, nil
+}
+
+// Withdraw gives back an open reservation of req.ID, as *budget.Budget does.
+func (b *fakeBudget) Withdraw(_ context.Context, req budget.Request) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.withdrawn = append(b.withdrawn, req)
+	tokens, ok := b.open[req.ID]
+	if ok {
+		delete(b.open, req.ID)
+		b.Left += tokens
+	}
+	return ok, nil
+}
+
+// Withdrawn returns the reserves withdrawn, in order.
+func (b *fakeBudget) Withdrawn() []budget.Request {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.withdrawn)
+}
+
+// Open is how many reservations are granted and neither settled nor
+// withdrawn.
+func (b *fakeBudget) Open() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.open)
 }
 
 func (b *fakeBudget) Settled() []settlement {

@@ -226,6 +226,9 @@ type governedCall struct {
 	// paced is the next attempt's turn at the site bucket (nil: none
 	// booked, or pacing is off); the attempt settles it.
 	paced *bucketTake
+	// withdraw is a reserve sent beside a check that refused the call
+	// (bookAtOnce): release withdraws it, as if it had never been sent.
+	withdraw *budget.Request
 	// waited is how long the call waited for tokens, in both buckets.
 	waited time.Duration
 }
@@ -305,17 +308,43 @@ func (c *governedCall) plan(model string) {
 	}
 }
 
-// book makes the call's bookings before the upstream call, in the
-// contract's order, each only once the one before it let the call through:
-// the principal's bucket and input-spike check (a spike or a bucket
-// refusal books nothing at all), the reservation, the site's turn. They
+// withdrawer is a Budget that can undo a reserve as if it had never been
+// sent (*budget.Budget): with one, book sends a call's three bookings at
+// once.
+type withdrawer interface {
+	Withdraw(ctx context.Context, req budget.Request) (bool, error)
+}
+
+var _ withdrawer = (*budget.Budget)(nil)
+
+// book makes the call's bookings before the upstream call: the principal's
+// bucket and input-spike check, the reservation, the site's turn. They
 // live in three cluster slots (the principal's, the day's, the site
-// bucket's), so they cannot be one script, and running them at once would
-// book (and alert) before a refusal that must come first. A bucket short
-// of prompt + max_tokens is waited for, within Config.TokenWait in all,
-// asking again with a new op id each time.
+// bucket's), so they cannot be one script; with a Budget that can withdraw
+// a reserve they go to Redis at once, one round trip (bookAtOnce), else
+// one after another (bookInOrder). Either way the answers are taken in the
+// contract's order. A bucket short of prompt + max_tokens is waited for,
+// within Config.TokenWait in all, asking again with a new op id each time.
 func (c *governedCall) book(ctx context.Context, model string) error {
-	g := c.g
+	w, ok := c.g.d.Budget.(withdrawer)
+	if !ok {
+		return c.bookInOrder(ctx, model)
+	}
+	for {
+		wait, err := c.bookAtOnce(ctx, model, w)
+		if err != nil || wait == 0 {
+			return err
+		}
+		if err := c.waitBucket(ctx, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// bookInOrder makes the bookings one after another, each only once the
+// one before it let the call through: a spike or a bucket refusal books
+// nothing at all, a refused reservation no turn.
+func (c *governedCall) bookInOrder(ctx context.Context, model string) error {
 	for {
 		wait, err := c.takeOnce(ctx)
 		if err != nil {
@@ -324,13 +353,9 @@ func (c *governedCall) book(ctx context.Context, model string) error {
 		if wait == 0 {
 			break
 		}
-		if c.waited+wait > g.cfg.TokenWait {
-			return &failure{codes.TokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
-		}
-		if err := g.d.Sleep(ctx, wait); err != nil {
+		if err := c.waitBucket(ctx, wait); err != nil {
 			return err
 		}
-		c.waited += wait
 	}
 	if err := c.reserve(ctx, model); err != nil {
 		return err
@@ -338,19 +363,135 @@ func (c *governedCall) book(ctx context.Context, model string) error {
 	return c.pace(ctx)
 }
 
-// takeOnce asks the limiter whether the call may go ahead: an input spike
-// ends the task (the call is not made); a bucket short of prompt +
-// max_tokens answers how long until it holds them (a wait > 0, nothing
-// taken).
-func (c *governedCall) takeOnce(ctx context.Context) (time.Duration, error) {
+// waitBucket waits wait for the principal's bucket, or refuses the call
+// when that would pass Config.TokenWait in all.
+func (c *governedCall) waitBucket(ctx context.Context, wait time.Duration) error {
+	if c.waited+wait > c.g.cfg.TokenWait {
+		return &failure{codes.TokenRateLimited, "the tokens-per-minute limit left no room for the next model call in time; please try again in a minute"}
+	}
+	if err := c.g.d.Sleep(ctx, wait); err != nil {
+		return err
+	}
+	c.waited += wait
+	return nil
+}
+
+// bookAtOnce sends the three bookings at once (one round trip: the
+// reserve on this goroutine, the bucket and the turn beside it; on a
+// cluster each goes to its own node) and then takes the answers in the
+// contract's order, as if each had been asked only once the one before it
+// let the call through:
+//
+//   - a spike or a bucket refusal (or failure) ends the call: the
+//     reservation is withdrawn, which also clears a warning or exhaustion
+//     it was first to see, and the turn goes back; no budget alert;
+//   - a bucket that says wait: the same give-back, and the caller waits
+//     and asks again (a wait > 0);
+//   - a refused reservation raises its budget_exhausted and ends the call:
+//     the bucket's take and the turn go back (release); a closing call
+//     that fits a smaller output gives the turn back and books the smaller
+//     one in order;
+//   - only then the reservation's warnings, and the turn's answer: a turn
+//     too far away ends the call (release gives back the rest), a turn
+//     later than now is waited for.
+//
+// What a refusal gives back goes in one round trip (release), so a
+// refused call makes two and a call that goes ahead one.
+func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawer) (time.Duration, error) {
 	g := c.g
-	if g.d.Limiter == nil {
+	req := c.request(model)
+	// The id is ours, so a refused reserve can be withdrawn too (its
+	// exhaustion flag), and a reserve whose reply was lost as well.
+	req.ID = "r" + rand.Text()
+	bucket, pacing := g.d.Limiter != nil, g.d.Limiter != nil && g.cfg.SiteTokensPerMinute > 0
+	var ask bucketAsk
+	var turn paceAsk
+	var wg sync.WaitGroup
+	if bucket {
+		wg.Go(func() { ask = c.askBucket(ctx) })
+	}
+	if pacing {
+		wg.Go(func() { turn = c.askPace(ctx) })
+	}
+	res, resErr := g.d.Budget.Reserve(ctx, req)
+	wg.Wait()
+	// Whatever was booked is the call's now: release gives it back unless
+	// an attempt uses it.
+	if pacing && turn.err == nil {
+		c.paced = &bucketTake{op: turn.op, amount: turn.amount}
+	}
+	if bucket {
+		wait, err := c.bucketAnswer(ctx, ask)
+		if err != nil || wait > 0 {
+			c.withdraw = &req
+			if err != nil {
+				return 0, err
+			}
+			c.release(ctx)
+			return wait, nil
+		}
+	}
+	asked := c.maxTokens
+	if err := c.reserveAnswer(ctx, req, res, resErr); err != nil {
+		if !errors.Is(err, errBudgetRefused) {
+			// The store failed: a reserve whose reply was lost may hold.
+			c.withdraw = &req
+		}
+		return 0, err
+	}
+	if c.maxTokens != asked && c.paced != nil {
+		// A closing call shrunk to what the budget had left: its turn was
+		// booked for the larger call.
+		t := c.paced
+		c.paced = nil
+		c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, 0)
+		return 0, c.pace(ctx)
+	}
+	if !pacing {
 		return 0, nil
 	}
-	amount := c.prompt + c.maxTokens
-	op := rand.Text()
-	d, err := g.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(c.spec.Principal.ID),
-		PromptTokens: max(c.prompt, 1), Amount: amount, TokensPerMinute: c.spec.Principal.TokensPerMinute, Op: op})
+	wait, err := c.paceAnswer(ctx, turn)
+	if err != nil || wait <= 0 {
+		return 0, err
+	}
+	if err := g.d.Sleep(ctx, wait); err != nil {
+		return 0, err
+	}
+	c.waited += wait
+	return 0, nil
+}
+
+// bucketAsk is one question to the principal's bucket and its answer.
+type bucketAsk struct {
+	op     string
+	amount int64
+	d      ratelimit.CallDecision
+	err    error
+}
+
+// askBucket asks the limiter whether the call may go ahead, taking prompt
+// + max_tokens if it may. It changes nothing of the call (it runs beside
+// the reserve); bucketAnswer reads the answer.
+func (c *governedCall) askBucket(ctx context.Context) bucketAsk {
+	a := bucketAsk{op: rand.Text(), amount: c.prompt + c.maxTokens}
+	a.d, a.err = c.g.d.Limiter.BeforeCall(ctx, ratelimit.CallRequest{Scope: principalScope(c.spec.Principal.ID),
+		PromptTokens: max(c.prompt, 1), Amount: a.amount, TokensPerMinute: c.spec.Principal.TokensPerMinute, Op: a.op})
+	return a
+}
+
+// takeOnce asks the limiter whether the call may go ahead (bucketAnswer).
+func (c *governedCall) takeOnce(ctx context.Context) (time.Duration, error) {
+	if c.g.d.Limiter == nil {
+		return 0, nil
+	}
+	return c.bucketAnswer(ctx, c.askBucket(ctx))
+}
+
+// bucketAnswer reads the limiter's answer: an input spike ends the task
+// (the call is not made); a bucket short of prompt + max_tokens answers
+// how long until it holds them (a wait > 0, nothing taken).
+func (c *governedCall) bucketAnswer(ctx context.Context, a bucketAsk) (time.Duration, error) {
+	d, err := a.d, a.err
 	switch {
 	case errors.Is(err, ratelimit.ErrTooLarge):
 		return 0, &failure{codes.TokenRateLimited, "the next model call needs more tokens than the tokens-per-minute limit allows at once"}
@@ -364,26 +505,39 @@ func (c *governedCall) takeOnce(ctx context.Context) (time.Duration, error) {
 		c.alerts.alertSpike(c.prompt, d)
 		return 0, &failure{codes.InputSpike, "the next model call's input was far larger than usual for this client, so it was not made"}
 	case d.Taken:
-		c.take = &bucketTake{op: op, amount: amount}
+		c.take = &bucketTake{op: a.op, amount: a.amount}
 		return 0, nil
 	}
 	// The script answers an exact time; a zero one would spin.
 	return max(d.RetryAfter, time.Millisecond), nil
 }
 
-// reserve books prompt + max_tokens on model in every budget scope. When
-// the budget cannot afford that, a closing call may still go ahead with a
-// smaller max_tokens that fits what a token scope has left, so a run ends
-// with what it has. (A spend refusal is in micro-units, which say nothing
-// about tokens.)
-func (c *governedCall) reserve(ctx context.Context, model string) error {
+// request is the reservation of an attempt on model: prompt + max_tokens
+// in every budget scope.
+func (c *governedCall) request(model string) budget.Request {
 	p := c.spec.Principal
 	req := budget.Request{Day: p.Day, Principal: p.ID, Task: c.spec.TaskID, Model: model,
 		PrincipalLimit: p.TokensPerDay, PromptTokens: c.prompt, MaxTokens: c.maxTokens}
 	if p.TierTokens > 0 {
 		req.Tier, req.TierLimit = p.Tier, p.TierTokens
 	}
+	return req
+}
+
+// reserve books prompt + max_tokens on model in every budget scope
+// (reserveAnswer).
+func (c *governedCall) reserve(ctx context.Context, model string) error {
+	req := c.request(model)
 	res, err := c.g.d.Budget.Reserve(ctx, req)
+	return c.reserveAnswer(ctx, req, res, err)
+}
+
+// reserveAnswer reads the budget's answer to req, raising its alerts. When
+// the budget cannot afford the call, a closing call may still go ahead
+// with a smaller max_tokens that fits what a token scope has left, so a
+// run ends with what it has (a new reserve, with a new id). (A spend
+// refusal is in micro-units, which say nothing about tokens.)
+func (c *governedCall) reserveAnswer(ctx context.Context, req budget.Request, res budget.Reservation, err error) error {
 	var ex *budget.ExhaustedError
 	if errors.As(err, &ex) {
 		c.alerts.alertExhausted(ex, req)
@@ -393,7 +547,7 @@ func (c *governedCall) reserve(ctx context.Context, model string) error {
 		}
 		if c.spec.Closing && ex.Scope != budget.ScopeSpend && ex.Remaining-c.prompt >= least {
 			c.maxTokens = ex.Remaining - c.prompt
-			req.MaxTokens = c.maxTokens
+			req.MaxTokens, req.ID = c.maxTokens, ""
 			res, err = c.g.d.Budget.Reserve(ctx, req)
 			if errors.As(err, &ex) {
 				c.alerts.alertExhausted(ex, req)
@@ -456,20 +610,38 @@ func (c *governedCall) pace(ctx context.Context) error {
 }
 
 // bookPace books the attempt's turn at the site bucket and says how long
-// until it. A turn further away than Config.SitePaceWait is refused by the
-// limiter (it books nothing then) and ends the task with
-// token_rate_limited.
+// until it (paceAnswer).
 func (c *governedCall) bookPace(ctx context.Context) (time.Duration, error) {
-	g := c.g
-	rate := g.cfg.SiteTokensPerMinute
-	if g.d.Limiter == nil || rate <= 0 {
+	if c.g.d.Limiter == nil || c.g.cfg.SiteTokensPerMinute <= 0 {
 		return 0, nil
 	}
-	amount := c.prompt + c.maxTokens
-	op := rand.Text()
-	wait, err := g.d.Limiter.Pace(ctx, ratelimit.SiteScope, rate, amount, g.cfg.SitePaceWait, op)
+	return c.paceAnswer(ctx, c.askPace(ctx))
+}
+
+// paceAsk is one booking of a turn at the site bucket and its answer.
+type paceAsk struct {
+	op     string
+	amount int64
+	wait   time.Duration
+	err    error
+}
+
+// askPace books a turn for prompt + max_tokens at the site bucket. It
+// changes nothing of the call (it runs beside the reserve); paceAnswer
+// reads the answer.
+func (c *governedCall) askPace(ctx context.Context) paceAsk {
+	g := c.g
+	a := paceAsk{op: rand.Text(), amount: c.prompt + c.maxTokens}
+	a.wait, a.err = g.d.Limiter.Pace(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, a.amount, g.cfg.SitePaceWait, a.op)
+	return a
+}
+
+// paceAnswer reads the site bucket's answer. A turn further away than
+// Config.SitePaceWait is refused by the limiter (it books nothing then)
+// and ends the task with token_rate_limited.
+func (c *governedCall) paceAnswer(ctx context.Context, a paceAsk) (time.Duration, error) {
 	var tooLong *ratelimit.WaitTooLongError
-	switch {
+	switch err := a.err; {
 	case errors.As(err, &tooLong):
 		return 0, &failure{codes.TokenRateLimited, "the site is at its model provider's token rate and the next model call could not get a turn in time; please try again in a minute"}
 	case errors.Is(err, ratelimit.ErrTooLarge):
@@ -481,8 +653,8 @@ func (c *governedCall) bookPace(ctx context.Context) (time.Duration, error) {
 		c.lg.Warn("site token rate check failed", "err", err)
 		return 0, &failure{codes.AgentFailed, "the site's token rate could not be checked; please try again later"}
 	}
-	c.paced = &bucketTake{op: op, amount: amount}
-	return wait, nil
+	c.paced = &bucketTake{op: a.op, amount: a.amount}
+	return a.wait, nil
 }
 
 // settleBucket settles tokens taken from scope's bucket with what was
@@ -508,15 +680,33 @@ func bucketName(scope string) string {
 // back when nothing reached a model, the excess recorded as overage when
 // more did).
 func (c *governedCall) release(ctx context.Context) {
-	c.giveBack(ctx)
-	if c.paced != nil {
-		c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, c.paced, 0)
+	// Independent scripts on three slots: sent at once, one round trip.
+	var wg sync.WaitGroup
+	if req := c.withdraw; req != nil {
+		c.withdraw = nil
+		w := c.g.d.Budget.(withdrawer)
+		wg.Go(func() {
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+			defer cancel()
+			if _, err := w.Withdraw(wctx, *req); err != nil {
+				c.lg.Warn("budget withdraw failed", "err", err)
+			}
+		})
+	}
+	if t := c.paced; t != nil {
 		c.paced = nil
+		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, t, 0) })
 	}
-	if c.take != nil {
-		c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, c.take, c.charged)
+	if t := c.take; t != nil {
 		c.take = nil
+		charged := c.charged
+		wg.Go(func() {
+			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, charged)
+		})
 	}
+	// The give-back's settle raises its alerts on this goroutine.
+	c.giveBack(ctx)
+	wg.Wait()
 }
 
 // try is one attempt on model mdl under the call's open reservation,

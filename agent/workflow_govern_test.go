@@ -73,12 +73,23 @@ func (h *roundHook) mark() (rounds, commands int, names []string) {
 
 // governedRig is the built-in governed call on the real budget, ledger and
 // rate limiter (principal bucket and site pacing on), on client rdb.
-func governedRig(rdb redis.UniversalClient) (*Governor, Spec) {
+func governedRig(rdb redis.UniversalClient) (*Governor, Spec) { return governedRigOn(rdb, false) }
+
+// inOrderBudget is a Budget that cannot withdraw a reserve: the Governor
+// books one check after another with it (the path before bookAtOnce, kept
+// as the baseline of BenchmarkGovernedCall).
+type inOrderBudget struct{ Budget }
+
+// governedRigOn is governedRig; inOrder hides the budget's Withdraw.
+func governedRigOn(rdb redis.UniversalClient, inOrder bool) (*Governor, Spec) {
 	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
 	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}})
 	r := newRig(answers(chat.Usage{}))
 	d := r.deps()
 	d.Budget, d.Ledger, d.Limiter = bud, budget.NewLedger(rdb, clock), ratelimit.New(rdb, ratelimit.Options{Now: clock})
+	if inOrder {
+		d.Budget = inOrderBudget{bud}
+	}
 	cfg := r.cfg
 	cfg.SiteTokensPerMinute = 10_000_000
 	g := NewWorkflow(cfg, d).Governor()
@@ -96,47 +107,65 @@ func reported(context.Context, Attempt) (Outcome, error) {
 
 // TestGovernedCallRoundTrips counts the Redis round trips on the critical
 // path of one governed call of the built-in planner (principal bucket and
-// site pacing on, ledger on): after the upstream call, everything (the
-// settle with its ledger line, the site's turn, the principal's bucket)
-// is one round; before it, the bucket, the reservation and the site's turn
-// are three, in the contract's order (three cluster slots: see book).
+// site pacing on, ledger on), on miniredis, a real redis-server and a
+// cluster (when cluster tests are on): before the upstream call, the
+// bucket, the reservation and the site's turn are one round (three
+// cluster slots, sent at once: bookAtOnce); after it, the settle with its
+// ledger line, the site's turn and the principal's bucket are one.
 func TestGovernedCallRoundTrips(t *testing.T) {
-	be := redistest.Real(t)
-	opt, err := redis.ParseURL(be.URL)
-	if err != nil {
-		t.Fatal(err)
+	targets := []struct {
+		name string
+		rdb  func(t *testing.T) redis.UniversalClient
+	}{
+		{"miniredis", func(t *testing.T) redis.UniversalClient { return redistest.Mini(t).Client }},
+		{"redis", func(t *testing.T) redis.UniversalClient {
+			opt, err := redis.ParseURL(redistest.Real(t).URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := redis.NewClient(opt)
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}},
+		{"cluster", func(t *testing.T) redis.UniversalClient {
+			redistest.WantCluster(t, false)
+			return redistest.SharedCluster(t).Client(t)
+		}},
 	}
-	h := &roundHook{hold: 100 * time.Millisecond}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
-	g, spec := governedRig(rdb)
-	// A first call loads the scripts (EVALSHA, NOSCRIPT, EVAL), then the
-	// counting starts.
-	if _, err := g.Call(context.Background(), spec, reported); err != nil {
-		t.Fatal(err)
-	}
-	rdb.AddHook(h)
-	var before, beforeCmds int
-	var beforeNames []string
-	out, err := g.Call(context.Background(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
-		before, beforeCmds, beforeNames = h.mark()
-		return reported(ctx, a)
-	})
-	if err != nil || out.Charged.PromptTokens != 480 {
-		t.Fatalf("call: %+v, %v", out, err)
-	}
-	after, afterCmds, afterNames := h.mark()
-	t.Logf("before the upstream call: %d round trips, %d commands %v; after: %d round trips, %d commands %v",
-		before, beforeCmds, beforeNames, after, afterCmds, afterNames)
-	if after != 1 || afterCmds != 3 {
-		t.Fatalf("after the upstream call: %d round trips of %d commands; want the settle (with the ledger), the site's turn and the principal's bucket in 1", after, afterCmds)
-	}
-	if before != 3 || beforeCmds != 3 {
-		t.Fatalf("before the upstream call: %d round trips of %d commands; want the bucket, the reservation and the site's turn, 3", before, beforeCmds)
-	}
-	n, err := rdb.XLen(context.Background(), budget.UsageKey(spec.Principal.Day)).Result()
-	if err != nil || n != 2 {
-		t.Fatalf("ledger: %d lines, %v; want one per call", n, err)
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			rdb := tg.rdb(t)
+			h := &roundHook{hold: 100 * time.Millisecond}
+			g, spec := governedRig(rdb)
+			// A first call loads the scripts (EVALSHA, NOSCRIPT, EVAL), then
+			// the counting starts.
+			if _, err := g.Call(context.Background(), spec, reported); err != nil {
+				t.Fatal(err)
+			}
+			rdb.AddHook(h)
+			var before, beforeCmds int
+			var beforeNames []string
+			out, err := g.Call(context.Background(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
+				before, beforeCmds, beforeNames = h.mark()
+				return reported(ctx, a)
+			})
+			if err != nil || out.Charged.PromptTokens != 480 {
+				t.Fatalf("call: %+v, %v", out, err)
+			}
+			after, afterCmds, afterNames := h.mark()
+			t.Logf("before the upstream call: %d round trips, %d commands %v; after: %d round trips, %d commands %v",
+				before, beforeCmds, beforeNames, after, afterCmds, afterNames)
+			if after != 1 || afterCmds != 3 {
+				t.Fatalf("after the upstream call: %d round trips of %d commands; want the settle (with the ledger), the site's turn and the principal's bucket in 1", after, afterCmds)
+			}
+			if before != 1 || beforeCmds != 3 {
+				t.Fatalf("before the upstream call: %d round trips of %d commands; want the bucket, the reservation and the site's turn in 1", before, beforeCmds)
+			}
+			n, err := rdb.XLen(context.Background(), budget.UsageKey(spec.Principal.Day)).Result()
+			if err != nil || n != 2 {
+				t.Fatalf("ledger: %d lines, %v; want one per call", n, err)
+			}
+		})
 	}
 }
 
@@ -169,21 +198,23 @@ func BenchmarkGovernedCall(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, rtt := range []time.Duration{0, time.Millisecond} {
-		b.Run("rtt="+rtt.String(), func(b *testing.B) {
-			rdb := redis.NewClient(opt)
-			b.Cleanup(func() { _ = rdb.Close() })
-			if rtt > 0 {
-				rdb.AddHook(latency{rtt})
-			}
-			g, spec := governedRig(rdb)
-			ctx := context.Background()
-			b.ResetTimer()
-			for b.Loop() {
-				if _, err := g.Call(ctx, spec, reported); err != nil {
-					b.Fatal(err)
+		for _, path := range []string{"inorder", "atonce"} {
+			b.Run("rtt="+rtt.String()+"/"+path, func(b *testing.B) {
+				rdb := redis.NewClient(opt)
+				b.Cleanup(func() { _ = rdb.Close() })
+				if rtt > 0 {
+					rdb.AddHook(latency{rtt})
 				}
-			}
-		})
+				g, spec := governedRigOn(rdb, path == "inorder")
+				ctx := context.Background()
+				b.ResetTimer()
+				for b.Loop() {
+					if _, err := g.Call(ctx, spec, reported); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
 

@@ -573,6 +573,36 @@ func (b *Budget) SettleCall(ctx context.Context, r Reservation, call Call) (Sett
 	return s, nil
 }
 
+// Withdraw undoes the reserve of req (sent with req.ID set) as if it had
+// never been sent: a granted reservation is given back in all its scopes,
+// and a budget_warning or budget_exhausted flag that reserve set (a first
+// crossing today, Reservation.Warnings or ExhaustedError.First) is
+// cleared, so the next operation to cross that line reports it. A caller
+// that sends a reserve at once with checks that must come before it (the
+// agent's token bucket and input-spike check, on other cluster slots) calls
+// it when one of them refused and raises none of the reserve's alerts: the
+// day's alert is then still raised once, by the next crossing. It reports
+// whether a reservation was given back. A reservation already settled is
+// left alone; calling it again finds nothing.
+func (b *Budget) Withdraw(ctx context.Context, req Request) (bool, error) {
+	if err := validate(req.Day, req.Principal, req.Tier, req.Task); err != nil {
+		return false, err
+	}
+	if !validID(req.ID) {
+		return false, fmt.Errorf("%w: reservation id must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
+	}
+	v, err := withdrawScript.Run(ctx, b.rdb, keysFor(req.Day, req.Principal, req.Tier, req.Task).scopeKeys(),
+		ms(b.now()), dayKeyTTL, req.ID).Int64Slice()
+	if err != nil {
+		return false, fmt.Errorf("%w: withdraw: %w", ErrUnavailable, err)
+	}
+	if len(v) != 5 {
+		return false, fmt.Errorf("%w: withdraw script returned %d values", ErrUnavailable, len(v))
+	}
+	b.m.update(b.limits, v[2], v[3], v[4])
+	return v[0] == 1, nil
+}
+
 // ReleaseTask gives back every open reservation of task (admitted on day)
 // at once, in all its scopes, and returns how many it gave back. The
 // reaper calls it when a task's lease lapsed: the replica that held them is

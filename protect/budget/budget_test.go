@@ -143,6 +143,7 @@ func TestConformance(t *testing.T) {
 		{"WarningOncePerScopeAndDay", testWarningOnce},
 		{"WarningOnceUnderConcurrency", testWarningConcurrent},
 		{"ExhaustedFirstOnce", testExhaustedFirst},
+		{"WithdrawUndoesAReserve", testWithdraw},
 		{"Metrics", testMetrics},
 		{"Ledger", testLedger},
 		{"LedgerPaging", testLedgerPaging},
@@ -799,6 +800,71 @@ func testExhaustedFirst(t *testing.T, rdb *redis.Client) {
 		if _, err := f.b.Reserve(f.ctx, tok(visA, taskOne, 1)); !errors.As(err, &ex) || ex.Scope != ScopeTask || ex.First || ex.RetryAfter() != 0 {
 			t.Fatalf("task refusal = %v (first %v, retry %v); want task, not first, no retry", err, ex.First, ex.RetryAfter())
 		}
+	}
+}
+
+// testWithdraw: a withdrawn reserve leaves nothing behind: the hold goes
+// back in every scope, and the warning or exhaustion it was first to see
+// is reported by the next reserve that crosses, still once. A settled
+// reservation is not withdrawn; a second withdraw finds nothing.
+func testWithdraw(t *testing.T, rdb *redis.Client) {
+	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 5000, Task: 10000})
+	q := UsageQuery{Principal: keyA, Task: taskOne}
+	f.reserve(t, tok(keyA, taskOne, 3000))
+	// keyA to 4000 of 5000: the principal's crossing, then withdrawn.
+	req := tok(keyA, taskOne, 1000)
+	req.ID = "rwithdrawn1"
+	r := f.reserve(t, req)
+	if len(r.Warnings) != 1 || r.Warnings[0].Scope != ScopePrincipal {
+		t.Fatalf("warnings %+v; want the principal's", r.Warnings)
+	}
+	for i, want := range []bool{true, false} {
+		back, err := f.b.Withdraw(f.ctx, req)
+		if err != nil || back != want {
+			t.Fatalf("withdraw %d = %v, %v; want %v", i, back, err, want)
+		}
+	}
+	f.check(t, q, state{site: su{0, 3000, 0}, principal: su{0, 3000, 0}, task: su{0, 3000, 0}, n: 1})
+	// The crossing is reported by the next reserve past 80%, once.
+	next := f.reserve(t, tok(keyA, "t_other", 1000))
+	if len(next.Warnings) != 1 || next.Warnings[0].Scope != ScopePrincipal {
+		t.Fatalf("next crossing warnings %+v; want the principal's", next.Warnings)
+	}
+	if r := f.reserve(t, tok(keyA, "t_other", 1)); len(r.Warnings) != 0 {
+		t.Fatalf("warned twice: %+v", r.Warnings)
+	}
+	// A settle of the withdrawn one is late: all overage, never a refund.
+	if s := f.settle(t, r, 1000, 0); !s.Late || s.OverageTokens != 1000 {
+		t.Fatalf("settle after withdraw = %+v; want late, all overage", s)
+	}
+	f.check(t, q, state{site: su{1000, 4001, 1000}, principal: su{1000, 4001, 1000}, task: su{1000, 3000, 1000}, n: 3})
+	// A refused reserve that was the scope's first: withdrawn, the next
+	// refusal is the first.
+	ref := tok(keyA, "t_big", 4000)
+	ref.ID = "rwithdrawn2"
+	var ex *ExhaustedError
+	if _, err := f.b.Reserve(f.ctx, ref); !errors.As(err, &ex) || ex.Scope != ScopePrincipal || !ex.First {
+		t.Fatalf("reserve = %v; want the principal's first refusal", err)
+	}
+	if back, err := f.b.Withdraw(f.ctx, ref); err != nil || back {
+		t.Fatalf("withdraw of a refusal = %v, %v; want nothing given back", back, err)
+	}
+	for i, want := range []bool{true, false} {
+		if _, err := f.b.Reserve(f.ctx, tok(keyA, "t_big", 4000)); !errors.As(err, &ex) || ex.First != want {
+			t.Fatalf("refusal %d = %v, first %v; want %v", i, err, ex.First, want)
+		}
+	}
+	// A settled reservation stays settled.
+	done := tok(visB, taskTwo, 10)
+	done.ID = "rsettled1"
+	r = f.reserve(t, done)
+	f.settle(t, r, 10, 0)
+	if back, err := f.b.Withdraw(f.ctx, done); err != nil || back {
+		t.Fatalf("withdraw after settle = %v, %v", back, err)
+	}
+	f.check(t, UsageQuery{Principal: visB, Task: taskTwo}, state{site: su{1010, 4001, 1000}, principal: su{10, 0, 0}, task: su{10, 0, 0}, n: 3})
+	if _, err := f.b.Withdraw(f.ctx, Request{Day: day, Principal: keyA, Task: taskOne, ID: "bad id"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("withdraw with a bad id = %v", err)
 	}
 }
 

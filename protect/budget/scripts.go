@@ -348,3 +348,38 @@ end
 out[#out + 1] = redis.call('ZCARD', KEYS[6])
 return out
 `)
+
+// withdrawScript: KEYS as reserveScript; ARGV now, ttl seconds, id.
+// Undoes a reserve as if it had never been sent: an open reservation id
+// is given back (recorded as given back, so a settle would be overage);
+// a warning or exhaustion flag of site, spend, tier or principal that this
+// reserve set (its tag) is cleared, so the next operation to cross that
+// line raises the day's alert; it is still raised once. A reservation
+// already settled is left alone. A re-sent script finds nothing to do.
+// Returns {given back (1/0), flags cleared, site used, spend used,
+// reservations}.
+var withdrawScript = redis.NewScript(luaPrelude + `
+local ttl, id = tonumber(ARGV[2]), ARGV[3]
+reap(ARGV[1], ttl)
+local tag = 'r:' .. id
+local d = redis.call('HGET', KEYS[9], id)
+if d and string.sub(d, 1, 1) == 'S' then
+  return {0, 0, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])}
+end
+local back = 0
+local info = redis.call('HGET', KEYS[8], id)
+if info then
+  giveback(id, info, ttl)
+  back = 1
+end
+local cleared = 0
+for i = 1, 4 do
+  for _, f in ipairs({'warned', 'exhausted'}) do
+    if redis.call('HGET', KEYS[i], f) == tag then
+      redis.call('HDEL', KEYS[i], f)
+      cleared = cleared + 1
+    end
+  end
+end
+return {back, cleared, used(KEYS[1]), used(KEYS[2]), redis.call('ZCARD', KEYS[7])}
+`)
