@@ -181,6 +181,7 @@ func promptOpen(t *testing.T, b *browserTab, base string) {
 	type form struct {
 		PromptShown, TripHidden bool
 		Heading, Submit, Hint   string
+		Offline, Title          string
 	}
 	f := jsValue[form](b, `({
 		PromptShown: !document.getElementById('prompt-field').hidden && document.getElementById('prompt').offsetHeight > 0,
@@ -188,11 +189,18 @@ func promptOpen(t *testing.T, b *browserTab, base string) {
 		Heading: document.getElementById('app-heading').textContent,
 		Submit: document.getElementById('submit').textContent,
 		Hint: document.getElementById('prompt-hint').textContent,
+		Offline: document.getElementById('offline-note').hidden ? '' : document.getElementById('offline-note').textContent,
+		Title: document.title,
 	})`)
 	if !f.PromptShown || !f.TripHidden || f.Heading != "Ask the agent" || f.Submit != "Send to the agent" {
 		t.Fatalf("the page does not show the prompt form: %+v", f)
 	}
 	wantIn(t, "prompt hint", f.Hint, fmt.Sprint(promptMaxChars))
+	// No FAREGATE_LLM_BASE_URL: the offline model answers the agent's
+	// calls, and the page says so in the prompt form's words.
+	wantIn(t, "offline note", f.Offline, "demo model")
+	promptNoTripWords(t, "offline note", f.Offline)
+	promptNoTripWords(t, "page title", f.Title)
 }
 
 // promptType types text into the prompt box as a visitor does.
