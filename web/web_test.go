@@ -610,13 +610,14 @@ func TestMessageTables(t *testing.T) {
 				if !ok {
 					continue
 				}
-				code = strings.TrimSuffix(code, ".next")
+				code = strings.TrimSuffix(strings.TrimSuffix(code, ".next"), ".prompt")
 				if !slices.Contains(known, code) {
 					t.Errorf("%q: %s is no code of api/codes.go and no page condition", k, code)
 				}
 			}
 		}
 	})
+	t.Run("prompt form words", func(t *testing.T) { promptFormWords(t, en, zh) })
 	t.Run("waiting times", func(t *testing.T) {
 		// The issue fixes these forms: "5 h 12 min" and "5 小时 12 分钟".
 		want := map[string][2]string{
@@ -630,6 +631,52 @@ func TestMessageTables(t *testing.T) {
 			}
 		}
 	})
+}
+
+// promptShown are the keys (and key prefixes) the page may show in the
+// prompt form; the trip form's own fields and the itinerary are not among
+// them.
+var promptShown = []string{"page.title", "app.", "banner.", "form.heading", "form.submit", "form.check.", "status.",
+	"err.", "taskerr.", "task.heading", "task.status.", "task.quota", "task.steps.", "task.result.heading", "task.model", "step."}
+
+// tripWords are words of the trip form that a prompt-form visitor, who
+// asked the agent for anything, must not read.
+var tripWords = map[string][]string{"en": {"trip", "plan", "destination", "itinerar", "travel"}, "zh-CN": {"行程", "规划", "目的地", "旅行"}}
+
+// promptFormWords: every message the prompt form can show, as the page
+// picks it in that form (key + ".prompt" where the table has it, like
+// inputKey in app.js), speaks of the request and the task, not of trips;
+// a variant of an error comes with its own next step, and a failed task's
+// variant still says the attempt counts.
+func promptFormWords(t *testing.T, en, zh map[string]string) {
+	for lang, tab := range map[string]map[string]string{"en": en, "zh-CN": zh} {
+		for k := range tab {
+			if strings.HasSuffix(k, ".prompt") || strings.HasSuffix(k, ".prompt.next") || !slices.ContainsFunc(promptShown, func(p string) bool { return k == p || (strings.HasSuffix(p, ".") && strings.HasPrefix(k, p)) }) {
+				continue
+			}
+			stem, next := strings.CutSuffix(k, ".next")
+			shown := k
+			if _, ok := tab[stem+".prompt"]; ok {
+				shown = stem + ".prompt"
+				if next {
+					shown += ".next"
+				}
+			}
+			text, ok := tab[shown]
+			if !ok {
+				t.Errorf("%s: %q has a prompt variant but no %q", lang, stem, shown)
+				continue
+			}
+			for _, w := range tripWords[lang] {
+				if strings.Contains(strings.ToLower(text), w) {
+					t.Errorf("%s: in the prompt form %q reads %q, which speaks of %q", lang, shown, text, w)
+				}
+			}
+			if lang == "en" && strings.HasPrefix(k, "taskerr.") && next && !strings.Contains(text, "still counts") {
+				t.Errorf("%q = %q does not say the attempt still counts", shown, text)
+			}
+		}
+	}
 }
 
 var (

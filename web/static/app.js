@@ -4,7 +4,7 @@
 // /api/client.js). All visible text comes from the message tables via
 // setText, and all server or model data enters the DOM as text nodes
 // (textContent, append of strings), never as markup.
-import { LANGS, translate, pickLanguage, errorKey, taskErrorKey, warningKey, retryText, durationKey } from './messages.js';
+import { LANGS, translate, hasKey, pickLanguage, errorKey, taskErrorKey, warningKey, retryText, durationKey } from './messages.js';
 import { DEFAULT_LIMITS, limitsFrom, validateTask, validatePrompt, interestError, serverFieldErrors } from './validate.js';
 import { renderMarkdown } from './markdown.js';
 import { createClient, FaregateError, isFinal } from './client.js';
@@ -85,7 +85,7 @@ function translateAll() {
     }
     node.textContent = t(node.dataset.i18n, params);
   }
-  document.title = t('page.title');
+  document.title = t(inputKey('page.title'));
   document.documentElement.lang = state.lang;
 }
 
@@ -141,11 +141,11 @@ function renderMessage() {
   box.dataset.kind = m.kind;
   box.classList.add('messages-' + m.kind);
   if (m.kind === 'info') {
-    setText(text, m.key, m.params);
+    setText(text, inputKey(m.key), m.params);
     return;
   }
   // A failed task has its own words: the attempt was counted.
-  const key = m.task ? taskErrorKey(m.code) : errorKey(m.code);
+  const key = inputKey(m.task ? taskErrorKey(m.code) : errorKey(m.code));
   box.dataset.code = SAFE_CODE.test(String(m.code)) ? m.code : 'unknown';
   setText(text, key);
   setText(next, key + '.next');
@@ -170,9 +170,10 @@ function renderLimits() {
 }
 
 // inputKey is key in the form on screen: the prompt form has its own words
-// where the trip form's speak of trips and plans.
+// (key + '.prompt', and for an error its '.prompt.next') where the trip
+// form's speak of trips and plans; other keys fit both forms.
 function inputKey(key) {
-  return state.input === 'prompt' ? key + '.prompt' : key;
+  return state.input === 'prompt' && hasKey(key + '.prompt') ? key + '.prompt' : key;
 }
 
 // renderInput shows the form /api/config names: a text box for an
@@ -184,6 +185,7 @@ function renderInput() {
   setText($('app-heading'), inputKey('app.heading'));
   setText($('app-tagline'), inputKey('app.tagline'));
   setText($('form-heading'), inputKey('form.heading'));
+  document.title = t(inputKey('page.title'));
   renderSubmit();
 }
 
@@ -195,9 +197,10 @@ function renderBanners() {
   $('dev-banner-turnstile').hidden = !c.turnstile_test;
   $('dev-banner').hidden = !c.dev_mode && !c.turnstile_test;
   $('offline-note').hidden = c.offline_model !== true;
+  setText($('offline-note'), inputKey('banner.offline'));
   const status = $('model-status');
   if (c.model_status === 'degraded' || c.model_status === 'unavailable') {
-    setText(status, 'banner.model_' + c.model_status);
+    setText(status, inputKey('banner.model_' + c.model_status));
     status.dataset.status = c.model_status;
     status.hidden = false;
   } else {
@@ -460,7 +463,7 @@ function renderTask() {
   const quota = $('quota');
   const q = task.quota;
   quota.hidden = !(q && Number.isFinite(q.ip_remaining) && Number.isFinite(q.global_remaining));
-  if (!quota.hidden) setText(quota, 'task.quota', { ip: q.ip_remaining, global: q.global_remaining });
+  if (!quota.hidden) setText(quota, inputKey('task.quota'), { ip: q.ip_remaining, global: q.global_remaining });
 
   [...task.steps.keys()].sort((a, b) => a - b).forEach((seq) => renderStep(task.steps.get(seq)));
   $('steps-empty').hidden = task.steps.size > 0;
@@ -507,7 +510,7 @@ function renderOutcome() {
   errBox.hidden = task.status !== 'failed';
   if (task.status === 'failed') {
     const code = failureCode(task);
-    const key = taskErrorKey(code);
+    const key = inputKey(taskErrorKey(code));
     errBox.dataset.code = code;
     setText($('task-error-text'), key);
     setText($('task-error-next'), key + '.next');
