@@ -767,7 +767,7 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 	reported := usage.Reported && !implausible
 	var entry budget.Entry
 	if g.d.Ledger != nil {
-		entry = budget.Entry{Task: c.spec.TaskID, Model: mdl.Name, Principal: c.spec.Principal.ID, RequestID: c.spec.RequestID,
+		entry = budget.Entry{Task: c.spec.TaskID, Model: c.ledgerModel(mdl), Principal: c.spec.Principal.ID, RequestID: c.spec.RequestID,
 			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
 			Outcome: outcome, Estimated: !reported, Implausible: implausible}
 		call.Ledger = &entry
@@ -813,6 +813,18 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 		return out, err
 	}
 	return out, nil
+}
+
+// ledgerModel is the model a ledger entry names: the one that answered.
+// For embeddings that is the embedding model the call asked for, which
+// Models (chat models) does not know. Its tokens are priced as the chat
+// model's the reservation was made under (no embedding prices are
+// configured; an embedding model's are lower where providers publish both).
+func (c *governedCall) ledgerModel(mdl Model) string {
+	if c.spec.Kind == "embeddings" && c.spec.Model != "" {
+		return c.spec.Model
+	}
+	return mdl.Name
 }
 
 // startModel starts the model.call span of an attempt on model, which

@@ -52,11 +52,22 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 	}
 	var last gateway.Outcome
 	out, err := e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {
-		o, err := attempt(ctx, gateway.Attempt{
+		ga := gateway.Attempt{
 			Model:    a.Model.Name,
 			Upstream: gateway.Upstream{BaseURL: a.Model.BaseURL, APIKey: a.Model.APIKey, Client: a.Model.HTTPClient},
 			Fallback: a.Fallback, MaxOutput: a.MaxOutput,
-		})
+		}
+		if s.Kind == gateway.KindEmbeddings {
+			// The Governor's models are chat models: an embeddings call
+			// asks FAREGATE_EMBEDDING_MODEL (the gateway checked the
+			// request names it) on FAREGATE_LLM_BASE_URL, and has no
+			// fallback: another provider's vectors are of another space.
+			if a.Fallback {
+				return agent.Outcome{}, fmt.Errorf("%w: embeddings have no fallback model", gateway.ErrUpstream)
+			}
+			ga.Model = s.Model
+		}
+		o, err := attempt(ctx, ga)
 		last = o
 		return agent.Outcome{
 			Usage:   chat.Usage{PromptTokens: o.Usage.Prompt, CompletionTokens: o.Usage.Completion, Reported: o.Usage.Reported, Raw: o.Usage.Raw},
