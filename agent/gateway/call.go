@@ -252,16 +252,18 @@ type usageReport struct {
 // usage reads a provider's usage object. Numbers are passed on as
 // reported (clamped into int64; the governor judges whether they are
 // plausible against Counted and its ceiling) with the raw JSON beside
-// them. Without a report the usage is this package's estimate, marked so.
+// them. Without a report the usage is this package's estimate, marked so;
+// a report that cannot be read is the estimate too, marked Unreadable, so
+// that it is not charged as a missing one would be (at the count alone).
 func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
 	est := Usage{Prompt: c.prompt, Completion: counted}
 	if raw == nil || isNull(*raw) {
 		return est
 	}
+	unreadable := Usage{Prompt: c.prompt, Completion: counted, Reported: true, Unreadable: true, Raw: boundedRaw(*raw)}
 	var u usageReport
 	if json.Unmarshal(*raw, &u) != nil {
-		est.Raw = boundedRaw(*raw)
-		return est
+		return unreadable
 	}
 	pick := func(a, b *float64) (int64, bool) {
 		if a == nil {
@@ -278,8 +280,7 @@ func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
 		okO = true
 	}
 	if !okP || !okO {
-		est.Raw = boundedRaw(*raw)
-		return est
+		return unreadable
 	}
 	// Reasoning is output; a provider that reports more reasoning than
 	// output has left it out of the output count.

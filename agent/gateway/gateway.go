@@ -110,6 +110,12 @@ type Usage struct {
 	// Reported: the provider sent a usage object. False: Prompt and
 	// Completion are this package's estimate.
 	Reported bool
+	// Unreadable: the provider sent a usage object that does not say in
+	// numbers what was used (a string for a count, a count missing). It
+	// is Reported, Prompt and Completion are this package's estimate, and
+	// the governor charges it as the contract says for an unparseable
+	// report: the larger of the reservation and the count, alerted.
+	Unreadable bool
 	// Raw is the provider's usage JSON as received (bounded by the answer
 	// bound), for the ledger.
 	Raw string

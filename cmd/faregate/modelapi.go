@@ -70,7 +70,8 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 		o, err := attempt(ctx, ga)
 		last = o
 		return agent.Outcome{
-			Usage:   chat.Usage{PromptTokens: o.Usage.Prompt, CompletionTokens: o.Usage.Completion, Reported: o.Usage.Reported, Raw: o.Usage.Raw},
+			Usage: chat.Usage{PromptTokens: o.Usage.Prompt, CompletionTokens: o.Usage.Completion, Reported: o.Usage.Reported,
+				Unreadable: o.Usage.Unreadable, Raw: o.Usage.Raw},
 			Counted: o.Counted, Truncated: o.Truncated, Started: o.Started,
 			// Anything that reached the client, or was counted, was spent.
 			FirstToken: o.Started || o.Counted > 0 || o.Usage.Reported,
