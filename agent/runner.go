@@ -18,6 +18,7 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/protect/codes"
+	"faregate/protect/pause"
 	"faregate/protect/promreg"
 	"faregate/protect/tracing"
 )
@@ -164,16 +165,13 @@ func (r *Runner) Submit(ctx context.Context, rec task.Record) (task.Record, erro
 		return task.Record{}, err
 	}
 	// The task is counted and stored; a Redis hiccup now must not leave it
-	// queued for ever with no queue entry. Try again a little, then end it.
-	var err error
-	for i, wait := range []time.Duration{0, 100 * time.Millisecond, 400 * time.Millisecond} {
-		if i > 0 && sleep(ctx, wait) != nil {
-			break
-		}
-		if err = r.store.Enqueue(ctx, rec.ID); err == nil {
-			r.tasks.WithLabelValues(task.StatusQueued).Inc()
-			return rec, nil
-		}
+	// queued for ever with no queue entry. Try again a little (three tries,
+	// 100 ms then 400 ms apart), then end it.
+	err := pause.Retry(ctx, pause.Policy{First: 100 * time.Millisecond, Max: 400 * time.Millisecond, Factor: 4, Tries: 3},
+		func(time.Duration) error { return r.store.Enqueue(ctx, rec.ID) })
+	if err == nil {
+		r.tasks.WithLabelValues(task.StatusQueued).Inc()
+		return rec, nil
 	}
 	r.lg.Error("task stored but not queued", "task", rec.ID, "request_id", rec.RequestID, "err", err.Error())
 	rec.Status = task.StatusFailed
@@ -232,7 +230,9 @@ func (r *Runner) Start(ctx context.Context) error {
 // queue's client is closed, and an entry it took meanwhile is left
 // pending, claimed by another replica after the lease.
 func (r *Runner) take() {
-	backoff := 100 * time.Millisecond
+	// Waits while the queue is unavailable; jitter keeps the replicas from
+	// coming back in one instant.
+	backoff := pause.Policy{First: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}.Backoff()
 	for {
 		select {
 		case <-r.takeCtx.Done():
@@ -253,11 +253,10 @@ func (r *Runner) take() {
 					return
 				}
 				r.lg.Debug("task queue unavailable", "err", err.Error())
-				_ = sleep(r.takeCtx, backoff)
-				backoff = min(2*backoff, 2*time.Second)
+				_ = backoff.Wait(r.takeCtx)
 				continue
 			}
-			backoff = 100 * time.Millisecond
+			backoff.Reset()
 			if ok && r.takeCtx.Err() != nil {
 				// Taken while stopping: leave it unstarted and unrenewed, so
 				// another replica claims it after the lease and runs it.
@@ -578,27 +577,28 @@ func (r *Runner) save(ctx context.Context, l taskstore.Lease, rec *task.Record, 
 	if final {
 		events = append(events, task.Event{Type: task.EventDone, Data: done})
 	}
-	backoff := 100 * time.Millisecond
-	for {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := r.store.Save(sctx, l, *rec, events...)
-		cancel()
-		switch {
-		case err == nil:
-			return true
-		case errors.Is(err, taskstore.ErrLeaseLost):
-			r.lg.Warn("final task state not saved: lease lost to another replica", "task", rec.ID)
-			return false
-		}
-		left := r.leaseLeft(l.Entry.ID)
-		if left <= backoff {
-			r.lg.Error("final task state not saved before the lease ran out; another replica will fail it", "task", rec.ID, "err", err.Error())
-			return false
-		}
-		r.lg.Warn("final task state not saved; retrying", "task", rec.ID, "retry_in", backoff.String(), "err", err.Error())
-		_ = sleep(context.Background(), backoff)
-		backoff = min(2*backoff, 2*time.Second)
-	}
+	// The waits are not cut short by ctx: the save must outlive the run's
+	// end; the lease bounds them.
+	err := pause.Retry(context.Background(), pause.Policy{First: 100 * time.Millisecond, Max: 2 * time.Second},
+		func(next time.Duration) error {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := r.store.Save(sctx, l, *rec, events...)
+			cancel()
+			switch {
+			case err == nil:
+				return nil
+			case errors.Is(err, taskstore.ErrLeaseLost):
+				r.lg.Warn("final task state not saved: lease lost to another replica", "task", rec.ID)
+				return pause.Stop(err)
+			}
+			if r.leaseLeft(l.Entry.ID) <= next {
+				r.lg.Error("final task state not saved before the lease ran out; another replica will fail it", "task", rec.ID, "err", err.Error())
+				return pause.Stop(err)
+			}
+			r.lg.Warn("final task state not saved; retrying", "task", rec.ID, "retry_in", next.String(), "err", err.Error())
+			return err
+		})
+	return err == nil
 }
 
 // Shutdown stops taking tasks and waits for running ones until ctx ends;

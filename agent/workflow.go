@@ -166,7 +166,7 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 	}
 	w.cfg.SitePaceWait = min(w.cfg.SitePaceWait, ratelimit.MaxPaceWait)
 	if w.d.Sleep == nil {
-		w.d.Sleep = sleep
+		w.d.Sleep = pause.For
 	}
 	if w.d.Estimate == nil {
 		w.d.Estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
@@ -176,10 +176,6 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 	w.gov = &Governor{cfg: w.cfg, d: w.d, metrics: w.metrics}
 	return w
 }
-
-// sleep waits d or until ctx ends. It stays only for runner.go's three
-// calls (that file is being changed elsewhere); new code calls pause.For.
-func sleep(ctx context.Context, d time.Duration) error { return pause.For(ctx, d) }
 
 // Models returns the workflow's model router (for health and config).
 func (w *Workflow) Models() *Models { return w.d.Models }

@@ -52,7 +52,7 @@ func TestForgetDenials(t *testing.T) {
 		srv.s.limited.remember(p, ratelimit.ErrRateLimited, time.Minute)
 		srv.s.memo.remember(p, ratelimit.ErrAnomalyBlocked, time.Minute)
 	}
-	refused := func(m *memo, p principal.Principal) bool { return errors.Is(m.refusal(p), ratelimit.ErrRateLimited) }
+	refused := func(m *denials, p principal.Principal) bool { return errors.Is(m.refusal(p), ratelimit.ErrRateLimited) }
 	srv.ForgetDenials(false, []string{"acme"})
 	if refused(srv.s.limited, acme) || !refused(srv.s.limited, other) || !refused(srv.s.limited, v) {
 		t.Fatal("raising key acme forgot the wrong refusals")

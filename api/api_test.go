@@ -304,7 +304,7 @@ func TestStreamCaps(t *testing.T) {
 
 func TestMemo(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m := newMemo(2, func() time.Time { return now })
+	m := newDenials(2, func() time.Time { return now })
 	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "a"}, ratelimit.ErrTooManyFailedChecks, time.Minute)
 	err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"})
 	var ra interface{ RetryAfter() time.Duration }
@@ -319,12 +319,21 @@ func TestMemo(t *testing.T) {
 	if err := m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "a"}); err != nil {
 		t.Fatalf("still refused at its end: %v", err)
 	}
-	// Full: expired entries make room, live ones are kept.
-	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "b"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "c"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	m.remember(principal.Principal{Kind: principal.KindVisitor, ID: "d"}, ratelimit.ErrAnomalyBlocked, time.Hour)
-	if m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "b"}) == nil || m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "c"}) == nil || m.refusal(principal.Principal{Kind: principal.KindVisitor, ID: "d"}) != nil {
+	// Full: the least recently used refusal is forgotten (asked of Redis
+	// again), the newest kept; a shorter refusal never shortens a longer.
+	b, c, d := principal.Principal{Kind: principal.KindVisitor, ID: "b"}, principal.Principal{Kind: principal.KindVisitor, ID: "c"}, principal.Principal{Kind: principal.KindVisitor, ID: "d"}
+	m.remember(b, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(c, ratelimit.ErrAnomalyBlocked, time.Hour)
+	m.remember(d, ratelimit.ErrAnomalyBlocked, time.Hour)
+	if m.refusal(b) != nil || m.refusal(c) == nil || m.refusal(d) == nil {
 		t.Fatal("capacity not respected")
+	}
+	m.remember(d, ratelimit.ErrTooManyFailedChecks, time.Minute)
+	if err := m.refusal(d); !errors.Is(err, ratelimit.ErrAnomalyBlocked) || !errors.As(err, &ra) || ra.RetryAfter() != time.Hour {
+		t.Fatalf("a shorter refusal replaced a longer one: %v", err)
+	}
+	if err := m.refusal(principal.Principal{Kind: principal.KindKey, ID: "d"}); err != nil {
+		t.Fatalf("a key is not the visitor of the same id: %v", err)
 	}
 }
 
@@ -394,7 +403,7 @@ func (hungLimiter) Gate(ctx context.Context, _ ratelimit.GateRequest) (ratelimit
 func TestDeadline(t *testing.T) {
 	const timeout = 50 * time.Millisecond
 	s := &server{d: Deps{Now: time.Now, Limits: Limits{RequestTimeout: timeout}, Limiter: hungLimiter{}},
-		errors: newErrorTable(errorRows()), limited: newMemo(100, time.Now), inflight: newInflight(1)}
+		errors: newErrorTable(errorRows()), limited: newDenials(100, time.Now), inflight: newInflight(1)}
 	h := s.deadline(s.window(false)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Error("the handler ran after a window check that never answered")
 	})))

@@ -2,23 +2,22 @@ package api
 
 import (
 	"context"
-	"maps"
 	"sync"
 	"time"
 
+	"faregate/protect/memo"
 	"faregate/protect/principal"
 )
 
-// memo remembers refusals that cannot be undone before a known time (a
+// denials remembers refusals that cannot be undone before a known time (a
 // principal over its failed-check limit, or blocked for anomalies), so a
-// flood of such requests is answered without a Redis call. It is bounded:
-// past its capacity, refusals are still made, they just ask Redis again.
-type memo struct {
+// flood of such requests is answered without a Redis call. It is
+// protect/memo, the one refusal memory (quota's daily limits use it too):
+// bounded, past its capacity it forgets the least recently used refusal,
+// which is then only asked of Redis again.
+type denials struct {
 	now func() time.Time
-	cap int
-
-	mu sync.Mutex
-	m  map[memoKey]memoEntry
+	m   *memo.Memo[memoKey, error]
 }
 
 // memoKey is a principal without its tier: a refusal belongs to who was
@@ -28,68 +27,34 @@ type memoKey struct{ kind, id string }
 
 func keyOf(p principal.Principal) memoKey { return memoKey{p.Kind, p.ID} }
 
-type memoEntry struct {
-	err   error
-	until time.Time
+func newDenials(capacity int, now func() time.Time) *denials {
+	if now == nil {
+		now = time.Now
+	}
+	return &denials{now: now, m: memo.New[memoKey, error](capacity, now)}
 }
 
-func newMemo(capacity int, now func() time.Time) *memo {
-	return &memo{now: now, cap: capacity, m: map[memoKey]memoEntry{}}
-}
-
-// remember refuses p with err for after.
-func (m *memo) remember(p principal.Principal, err error, after time.Duration) {
-	scope := keyOf(p)
+// remember refuses p with err for after; a refusal already remembered for
+// longer is kept.
+func (d *denials) remember(p principal.Principal, err error, after time.Duration) {
 	if after <= 0 {
 		return
 	}
-	until := m.now().Add(after)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.m) >= m.cap {
-		// Drop what has expired before giving up on this one.
-		now := m.now()
-		for k, e := range m.m {
-			if !now.Before(e.until) {
-				delete(m.m, k)
-			}
-		}
-		if len(m.m) >= m.cap {
-			return
-		}
-	}
-	if cur, ok := m.m[scope]; ok && cur.until.After(until) {
-		return
-	}
-	m.m[scope] = memoEntry{err: err, until: until}
+	d.m.Put(keyOf(p), err, d.now().Add(after))
 }
 
 // refusal returns the remembered refusal of p with the time left, or nil.
-func (m *memo) refusal(p principal.Principal) error {
-	scope := keyOf(p)
-	m.mu.Lock()
-	e, ok := m.m[scope]
-	m.mu.Unlock()
+func (d *denials) refusal(p principal.Principal) error {
+	err, left, ok := d.m.Get(keyOf(p))
 	if !ok {
 		return nil
 	}
-	left := e.until.Sub(m.now())
-	if left <= 0 {
-		m.mu.Lock()
-		if cur, ok := m.m[scope]; ok && cur.until == e.until {
-			delete(m.m, scope)
-		}
-		m.mu.Unlock()
-		return nil
-	}
-	return &retryError{err: e.err, after: left}
+	return &retryError{err: err, after: left}
 }
 
 // forget drops the remembered refusals of the principals match selects.
-func (m *memo) forget(match func(memoKey) bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	maps.DeleteFunc(m.m, func(k memoKey, _ memoEntry) bool { return match(k) })
+func (d *denials) forget(match func(memoKey) bool) {
+	d.m.RemoveIf(func(k memoKey, _ error) bool { return match(k) })
 }
 
 // ForgetDenials forgets the request-window refusals (rate_limited) a policy

@@ -215,10 +215,10 @@ type server struct {
 	errors  *errorTable
 	summary *summary
 	streams *streamCaps
-	memo    *memo
+	memo    *denials
 	// limited remembers window refusals (rate_limited) until a request
 	// fits; inflight bounds each principal's window checks in flight.
-	limited  *memo
+	limited  *denials
 	inflight *inflight
 	ready    *readiness
 	routes   routeNames
@@ -245,8 +245,8 @@ func NewServer(d Deps) *Server {
 		errors:   newErrorTable(errorRows()),
 		summary:  newSummary(),
 		streams:  newStreamCaps(d.Limits.StreamsPerPrincipal, d.Limits.StreamsMax),
-		memo:     newMemo(200_000, d.Now),
-		limited:  newMemo(200_000, d.Now),
+		memo:     newDenials(200_000, d.Now),
+		limited:  newDenials(200_000, d.Now),
 		inflight: newInflight(inflightPerPrincipal),
 		ready:    &readiness{probe: d.Ready, now: d.Now},
 		deps:     newDependencies(d.Limits.SummaryInterval, d.Now, d.Logger),

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/task"
+	"faregate/protect/pause"
 	"faregate/protect/promreg"
 )
 
@@ -301,7 +302,9 @@ func (h *Hub) unsubscribe(r *reader, s *sub) {
 // until the done event, no follower is left, or the hub shuts down.
 func (h *Hub) read(ctx context.Context, r *reader) {
 	defer h.active.Dec()
-	backoff := 100 * time.Millisecond
+	// Waits between failed reads: Redis is away; jitter keeps the readers
+	// of many tasks from coming back in one instant.
+	backoff := pause.Policy{First: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}.Backoff()
 	for ctx.Err() == nil {
 		r.mu.Lock()
 		from := r.from
@@ -316,15 +319,12 @@ func (h *Hub) read(ctx context.Context, r *reader) {
 			}
 			// Redis is away: followers keep their keep-alives and wait.
 			h.o.Logger.Debug("event reader retrying", "task", r.id, "err", err.Error())
-			select {
-			case <-ctx.Done():
+			if backoff.Wait(ctx) != nil {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		for _, st := range res {
 			for _, m := range st.Messages {
 				ev := toEvent(m)

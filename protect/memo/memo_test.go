@@ -133,3 +133,32 @@ func BenchmarkLookup(b *testing.B) {
 		})
 	})
 }
+
+// TestMemoPutNeverShortens: Puts of one key racing from many goroutines
+// leave the longest deadline, whatever their order. A check-then-add Put
+// loses it when a shorter Put's add lands after a longer one's.
+func TestMemoPutNeverShortens(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	clk := clocktest.New(t0)
+	const puts = 16
+	for round := 0; round < 2000; round++ {
+		m := memo.New[string, int](8, clk.Now)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := 1; i <= puts; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for j := 0; j < 20; j++ {
+					m.Put("k", i, t0.Add(time.Duration(i)*time.Minute))
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if v, left, ok := m.Get("k"); !ok || v != puts || left != puts*time.Minute {
+			t.Fatalf("round %d: Get = %d, %v, %v; want the longest, %d, %v", round, v, left, ok, puts, puts*time.Minute)
+		}
+	}
+}
