@@ -319,11 +319,13 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 
 	// How close each kind of cap came (the site must have bound: all the
 	// visitors together ask for more than it holds).
-	var siteUsed int64
+	var siteUsed, outstanding, overage int64
 	for key, c := range final.counters {
 		if strings.HasSuffix(key, "}:site") {
 			siteUsed += c.settled
 		}
+		outstanding += c.outstanding
+		overage += c.overage
 	}
 	if sc.siteBinds && siteUsed < sc.siteCap-sc.maxTokens && len(final.days) == 1 {
 		t.Errorf("the site settled %d of its cap %d: it did not bind", siteUsed, sc.siteCap)
@@ -332,9 +334,23 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 		n, took.Round(time.Millisecond), n*sc.calls, streams, cutChat, cutResp, refused)
 	t.Logf("sampled %d times: max settled+outstanding−overage task %d/%d, visitor %d/%d, site %d/%d; overage seen %d",
 		s.samples, s.max["task"], sc.taskCap, s.max["p"], sc.visitorCap, s.max["site"], sc.siteCap, s.overage)
-	t.Logf("final: site settled %d/%d; max task %d/%d (%d tasks at their cap), max visitor %d/%d (%d visitors at their cap); outstanding 0, overage 0",
+	t.Logf("final: site settled %d/%d; max task %d/%d (%d tasks at their cap), max visitor %d/%d (%d visitors at their cap); outstanding %d, overage %d in all scopes",
 		siteUsed, sc.siteCap, final.max["task"], sc.taskCap, final.atCap("task", sc.taskCap, 2*sc.maxTokens/10),
-		final.max["p"], sc.visitorCap, final.atCap("p", sc.visitorCap, 2*sc.maxTokens/10))
+		final.max["p"], sc.visitorCap, final.atCap("p", sc.visitorCap, 2*sc.maxTokens/10), outstanding, overage)
+	if t.Failed() {
+		// What the replicas warned of says why (a settle that failed, a
+		// lease that lapsed).
+		for i, srv := range []*server{a, b} {
+			n := 0
+			for _, line := range strings.Split(srv.Out.String(), "\n") {
+				if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+					if n++; n <= 20 {
+						t.Logf("replica %d: %s", i, line)
+					}
+				}
+			}
+		}
+	}
 	t.Logf("ledger: %d lines summing to %d tokens (= site counter %d, = what the upstream streamed %d, = what the clients were told %d); per task and per visitor sums equal their counters",
 		len(led.lines), led.total, siteUsed, exactSum(billed), clientSum)
 	return res
