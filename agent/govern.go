@@ -175,10 +175,6 @@ var errStarted = errors.New("agent: the answer had started")
 // minClosingTokens is the smallest completion worth asking for a final answer.
 const minClosingTokens = 256
 
-// settleTimeout bounds a settle's retries once the call is over: the
-// budget re-sends its idempotent script while Redis does not answer.
-const settleTimeout = 5 * time.Second
-
 // Call makes one governed call; attempt is called once per model tried
 // (the primary, then the fallback), each under its own reservation. The
 // error is an *ExhaustedError-wrapping refusal (errors.Is
@@ -574,7 +570,9 @@ func (c *governedCall) reserveAnswer(ctx context.Context, req budget.Request, re
 // budget's retries, and the reservation then expires on its own.
 func (c *governedCall) settle(ctx context.Context, res budget.Reservation, call budget.Call) budget.Settlement {
 	ctx, end := c.g.startSettle(ctx, res)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	// The budget re-sends its idempotent script while Redis does not
+	// answer, within Config.SettleTimeout.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.SettleTimeout)
 	defer cancel()
 	s, err := c.g.d.Budget.SettleCall(sctx, res, call)
 	end(s, err)
@@ -686,7 +684,7 @@ func (c *governedCall) release(ctx context.Context) {
 		c.withdraw = nil
 		w := c.g.d.Budget.(withdrawer)
 		wg.Go(func() {
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.SettleTimeout)
 			defer cancel()
 			if _, err := w.Withdraw(wctx, *req); err != nil {
 				c.lg.Warn("budget withdraw failed", "err", err)

@@ -59,7 +59,17 @@ type Config struct {
 	// whose turn is further away ends the task with token_rate_limited.
 	// Zero takes DefaultSitePaceWait; at most ratelimit.MaxPaceWait.
 	SitePaceWait time.Duration
+	// SettleTimeout bounds a settle's (and a withdraw's) retries once the
+	// call is over. A settle that gives up leaves its reservation to
+	// expire, and the expiry gives back tokens the provider billed, so it
+	// must cover the budget's attempts at the store's own timeouts; a
+	// settle that lands late is still charged (as overage). Zero takes
+	// DefaultSettleTimeout.
+	SettleTimeout time.Duration
 }
+
+// DefaultSettleTimeout is Config.SettleTimeout's default.
+const DefaultSettleTimeout = 5 * time.Second
 
 // DefaultTokenWait is Config.TokenWait's default: long enough to ride out
 // a burst, short enough that a visitor is told rather than left waiting.
@@ -165,6 +175,9 @@ func NewWorkflow(cfg Config, d Deps) *Workflow {
 		w.cfg.SitePaceWait = DefaultSitePaceWait
 	}
 	w.cfg.SitePaceWait = min(w.cfg.SitePaceWait, ratelimit.MaxPaceWait)
+	if w.cfg.SettleTimeout <= 0 {
+		w.cfg.SettleTimeout = DefaultSettleTimeout
+	}
 	if w.d.Sleep == nil {
 		w.d.Sleep = pause.For
 	}

@@ -41,6 +41,12 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	}
 	spec := Spec{TaskID: t.ID, Principal: t.Principal, Tier: t.Tier, Kind: kind,
 		Model: c.model, PromptTokens: c.prompt, MaxOutput: c.maxOut, Stream: c.stream}
+	if kind != KindEmbeddings {
+		spec.MinOutput = minOutput(kind, c.model)
+		if spec.MaxOutput > 0 {
+			spec.MaxOutput = max(spec.MaxOutput, spec.MinOutput)
+		}
+	}
 	if h.o.RequestID != nil {
 		spec.RequestID = h.o.RequestID(r)
 	}

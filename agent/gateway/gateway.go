@@ -75,8 +75,15 @@ type Spec struct {
 	// PromptTokens is the prompt as counted here (agent/tokens: the
 	// model's tokenizer where known, else its conservative bound).
 	PromptTokens int64
-	// MaxOutput is the output limit the client asked for; 0 = none.
+	// MaxOutput is the output limit the client asked for, raised to
+	// MinOutput; 0 = none.
 	MaxOutput int64
+	// MinOutput is the least output limit the provider takes (16 for a
+	// Responses call to an OpenAI model, else 1): the least a call may be
+	// reserved and sent with. Sending more than is reserved would let an
+	// honest provider bill past the reservation, unseen when the stream is
+	// cut; a call that cannot afford its prompt and MinOutput is refused.
+	MinOutput int64
 	// Stream: the client asked for SSE.
 	Stream bool
 }

@@ -519,18 +519,31 @@ func (c *call) embeddingInput() (int64, error) {
 	return 0, invalid("input", "must be a string, strings or token arrays")
 }
 
+// minOpenAIOutput is the least max_output_tokens OpenAI's models take on
+// the Responses API; they refuse a smaller limit.
+const minOpenAIOutput = 16
+
+// minOutput is the least output limit the provider of model takes for a
+// call of kind: minOpenAIOutput for Responses on a model with an OpenAI
+// tokenizer, else 1.
+func minOutput(kind, model string) int64 {
+	if kind == KindResponses && tokens.EncodingFor(model) != tokens.Bound {
+		return minOpenAIOutput
+	}
+	return 1
+}
+
 // body is the request as sent upstream on attempt a: the attempt's model,
 // the output limit clamped to the attempt's (set when the client gave
 // none), and for chat streams stream_options.include_usage.
 func (c *call) body(a Attempt) []byte {
 	set := []field{{"model", json.RawMessage(appendJSONString(nil, a.Model))}}
 	if c.kind != KindEmbeddings && a.MaxOutput > 0 {
-		limit := a.MaxOutput
-		if c.kind == KindResponses && tokens.EncodingFor(a.Model) != tokens.Bound && limit < 16 {
-			// OpenAI refuses max_output_tokens under 16; the stream is
-			// still cut at the attempt's limit.
-			limit = 16
-		}
+		// The governor reserves at least Spec.MinOutput, so this raises
+		// only a fallback whose provider takes more than the primary's
+		// (OpenAI behind another kind of model); the stream is still cut
+		// at the attempt's limit.
+		limit := max(a.MaxOutput, minOutput(c.kind, a.Model))
 		v := json.RawMessage(strconv.AppendInt(nil, limit, 10))
 		fields := c.limitFields
 		if len(fields) == 0 {

@@ -37,8 +37,9 @@ type governedEndpoint struct {
 var _ gateway.Governor = (*governedEndpoint)(nil)
 
 // Call governs one call of an external agent: the output may shrink to
-// what the task can still afford, down to one token (Closing, MinOutput 1);
-// a call that cannot afford its prompt and one token is refused.
+// what the task can still afford, down to the least the provider takes
+// (Closing, MinOutput: one token, 16 for OpenAI's Responses); a call that
+// cannot afford its prompt and that is refused.
 func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt func(context.Context, gateway.Attempt) (gateway.Outcome, error)) (gateway.Outcome, error) {
 	p, err := e.principal(ctx, s.TaskID)
 	if err != nil {
@@ -47,7 +48,7 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 	started := time.Now()
 	spec := agent.Spec{
 		TaskID: s.TaskID, RequestID: s.RequestID, Principal: p, Kind: s.Kind, Model: s.Model,
-		PromptTokens: s.PromptTokens, MaxOutput: s.MaxOutput, Closing: true, MinOutput: 1,
+		PromptTokens: s.PromptTokens, MaxOutput: s.MaxOutput, Closing: true, MinOutput: max(s.MinOutput, 1),
 		Label: "v1 " + s.Kind,
 	}
 	var last gateway.Outcome

@@ -111,6 +111,7 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 		MaxSteps: cfg.AgentMaxSteps, MaxToolCalls: cfg.AgentMaxToolCalls, Timeout: cfg.AgentTimeout,
 		MaxTokens: cfg.LLMMaxTokens, LoopThreshold: cfg.LoopThreshold,
 		TokenWait: cfg.TokenWait, SiteTokensPerMinute: cfg.SiteTokensPerMinute, SitePaceWait: cfg.SitePaceWait,
+		SettleTimeout: settleTimeout(cfg.RedisTimeout),
 	}, agent.Deps{
 		Models: models, Budget: sp.budget, Ledger: sp.ledger, Tools: buildToolbox(cfg, guide.Default(), lg), Limiter: sp.limiter,
 		Alert: ops.alerts.Notify, Logger: lg, Estimate: estimator(models), Registerer: ops.registry,
@@ -267,4 +268,15 @@ func newFront(cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerPro
 		V1:     v1,
 		Tracer: tracerFor(tp, "faregate/api"),
 	}), nil
+}
+
+// settleTimeout is how long a call's settle may keep trying: the budget's
+// three attempts, each allowed a pooled connection (FAREGATE_REDIS_TIMEOUT
+// + 1 s) and an answer (FAREGATE_REDIS_TIMEOUT), and at least the agent's
+// default. A settle that gave up sooner would leave its reservation to
+// expire and give back tokens the provider billed: on a loaded machine
+// with FAREGATE_REDIS_TIMEOUT=20s, 45 of 115 settles of the exactness
+// test gave up at a fixed 5 s.
+func settleTimeout(redis time.Duration) time.Duration {
+	return max(agent.DefaultSettleTimeout, 3*(2*redis+time.Second))
 }
