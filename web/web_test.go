@@ -637,7 +637,7 @@ func TestMessageTables(t *testing.T) {
 // prompt form; the trip form's own fields and the itinerary are not among
 // them.
 var promptShown = []string{"page.title", "app.", "banner.", "form.heading", "form.submit", "form.check.", "status.",
-	"err.", "taskerr.", "task.heading", "task.status.", "task.quota", "task.steps.", "task.result.heading", "task.model", "step."}
+	"err.", "taskerr.", "task.heading", "task.status.", "task.quota", "task.steps.", "task.result.heading", "task.model", "step.", "warn.", "task.warnings"}
 
 // tripWords are words of the trip form that a prompt-form visitor, who
 // asked the agent for anything, must not read.

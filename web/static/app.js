@@ -545,7 +545,7 @@ function renderOutcome() {
   $('warnings').replaceChildren(
     ...warnings.map((code) => {
       const li = el('li', { 'data-code': String(code) });
-      setText(li, warningKey(code));
+      setText(li, inputKey(warningKey(code)));
       return li;
     }),
   );

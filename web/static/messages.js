@@ -249,7 +249,16 @@ export const TABLES = {
     "warn.tool_loop": "The planner kept repeating the same lookup, so it was stopped and the plan finished without it.",
     "warn.low_precision": "Some details are approximate; check opening hours and prices before you go.",
     "warn.fallback_model": "The main model was unavailable, so a backup model wrote this plan.",
-    "warn.unknown": "Something limited this plan, so some details may be incomplete."
+    "warn.unknown": "Something limited this plan, so some details may be incomplete.",
+    "warn.weather_unavailable.prompt": "Live weather was unavailable, so the answer uses seasonal norms.",
+    "warn.search_unavailable.prompt": "Web search was unavailable, so the answer relies on general knowledge.",
+    "warn.budget_exhausted.prompt": "The token budget ran out, so the answer was finished early and may be shorter.",
+    "warn.step_limit.prompt": "The agent reached its step limit and finished with what it had.",
+    "warn.tool_limit.prompt": "The agent reached its limit of lookups, so some details could not be checked.",
+    "warn.time_limit.prompt": "The agent ran out of time and finished with what it had.",
+    "warn.tool_loop.prompt": "The agent kept repeating the same lookup, so it was stopped and the answer finished without it.",
+    "warn.fallback_model.prompt": "The main model was unavailable, so a backup model wrote this answer.",
+    "warn.unknown.prompt": "Something limited this answer, so some details may be incomplete."
   },
   "zh-CN": {
     "page.title": "旅行规划演示 — faregate",
@@ -492,7 +501,16 @@ export const TABLES = {
     "warn.tool_loop": "规划器反复进行同一个查询，因此该查询被停止，行程在没有它的情况下完成。",
     "warn.low_precision": "部分细节只是大致信息；出发前请核实开放时间和价格。",
     "warn.fallback_model": "主模型不可用，因此本行程由备用模型生成。",
-    "warn.unknown": "本行程受到某些限制，部分细节可能不完整。"
+    "warn.unknown": "本行程受到某些限制，部分细节可能不完整。",
+    "warn.weather_unavailable.prompt": "无法获取实时天气，因此回答按当季的常见天气给出。",
+    "warn.search_unavailable.prompt": "网页搜索不可用，因此回答基于一般常识。",
+    "warn.budget_exhausted.prompt": "令牌预算已用完，因此回答提前结束，内容可能较短。",
+    "warn.step_limit.prompt": "智能体达到步骤上限，已根据现有信息完成回答。",
+    "warn.tool_limit.prompt": "智能体达到查询次数上限，因此部分细节未能核实。",
+    "warn.time_limit.prompt": "智能体用完了时间，已根据现有信息完成回答。",
+    "warn.tool_loop.prompt": "智能体反复进行同一个查询，因此该查询被停止，回答在没有它的情况下完成。",
+    "warn.fallback_model.prompt": "主模型不可用，因此本回答由备用模型生成。",
+    "warn.unknown.prompt": "本回答受到某些限制，部分细节可能不完整。"
   }
 };
 // end of tables
