@@ -444,7 +444,7 @@ func normValue(v value, buf *[normCap]byte) []byte {
 // contribution computes what one key's value adds, already scaled by the
 // key's strength, and under which key id and dimension it counts (value
 // rules may redirect). It also captures the tool call id.
-func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id, dim uint8) {
+func (s *scanner) contribution(k keySpec, parent uint8, v *value) (c float64, id, dim uint8) {
 	id, dim = k.id, k.dim
 	var buf [normCap]byte
 	switch k.rule {
@@ -461,11 +461,11 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 	case ruleFalse:
 		if v.kind == vFalse {
 			c = 1
-		} else if v.kind == vString && string(normValue(v, &buf)) == "never" {
+		} else if v.kind == vString && string(normValue(*v, &buf)) == "never" {
 			c = 1
 		}
 	case ruleNever:
-		if v.kind == vString && string(normValue(v, &buf)) == "never" {
+		if v.kind == vString && string(normValue(*v, &buf)) == "never" {
 			c = 1
 		}
 	case ruleAny:
@@ -478,7 +478,7 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 			}
 		}
 	case ruleAgentMode:
-		if v.kind == vString && agentMode(normValue(v, &buf)) {
+		if v.kind == vString && agentMode(normValue(*v, &buf)) {
 			c = 1
 		}
 	case ruleContext:
@@ -499,7 +499,7 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 		}
 	case ruleToolID:
 		if v.kind == vString && len(v.raw) > 0 {
-			s.captureToolID(v)
+			s.captureToolID(*v)
 			c = 1
 		}
 	case ruleCallID:
@@ -508,7 +508,7 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 		if v.kind == vString && len(v.raw) > 0 {
 			c = 0.4
 			if toolIDLike(v.raw) {
-				s.captureToolID(v)
+				s.captureToolID(*v)
 				c = 1
 			}
 		}
@@ -533,7 +533,7 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 			return 0, id, dim
 		}
 		if parent == kToolCalls || toolIDLike(v.raw) {
-			s.captureToolID(v)
+			s.captureToolID(*v)
 		}
 		id, dim, c = idKind(v.raw)
 		return c * k.w, id, dim
@@ -562,12 +562,12 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 		}
 	case ruleModelName:
 		// A car's "model": "Corolla" must not count; only LLM names do.
-		if v.kind == vString && llmModel(normValue(v, &buf)) {
+		if v.kind == vString && llmModel(normValue(*v, &buf)) {
 			c = 1
 		}
 	case ruleLLM:
 		switch {
-		case v.kind == vString && llmModel(normValue(v, &buf)):
+		case v.kind == vString && llmModel(normValue(*v, &buf)):
 			c = 1
 		case v.present():
 			c = 0.6
@@ -593,11 +593,11 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 			// before normalising.
 			return 0, id, dim
 		}
-		id, dim, c = typeKind(normValue(v, &buf))
+		id, dim, c = typeKind(normValue(*v, &buf))
 		return c * k.w, id, dim
 	case ruleRole:
 		if v.kind == vString {
-			switch string(normValue(v, &buf)) {
+			switch string(normValue(*v, &buf)) {
 			case "tool", "function":
 				c = 1
 			}
@@ -608,11 +608,11 @@ func (s *scanner) contribution(k keySpec, parent uint8, v value) (c float64, id,
 		}
 	case ruleObjectKind:
 		if v.kind == vString {
-			c = objectKind(normValue(v, &buf))
+			c = objectKind(normValue(*v, &buf))
 		}
 	case ruleRunType:
 		if v.kind == vString {
-			switch string(normValue(v, &buf)) {
+			switch string(normValue(*v, &buf)) {
 			case "chain", "llm", "tool", "retriever", "agent", "prompt", "parser", "embedding":
 				c = 1
 			}

@@ -266,7 +266,7 @@ func (s *refScanner) parent(depth int) uint8 {
 // contributions (0.6 and 0.5 make 0.8); a key counts once per body, so a
 // field repeated in every message of a history is not more evidence.
 func (s *refScanner) apply(k keySpec, parent uint8, v value) {
-	c, id, dim := s.contribution(k, parent, v)
+	c, id, dim := s.contribution(k, parent, &v)
 	word, bit := id/64, uint64(1)<<(id%64)
 	if c <= 0 || s.seen[word]&bit != 0 {
 		return

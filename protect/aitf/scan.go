@@ -215,7 +215,7 @@ func (s *scanner) run(b []byte) bool {
 						v.num, v.isNum = n, true
 					}
 				}
-				s.apply(pend, s.parent(depth), v)
+				s.apply(pend, s.parent(depth), &v)
 			}
 			if !s.out.enum.ok && len(raw) >= 4 && len(raw) <= 48 {
 				s.out.enum = enumOf(raw)
@@ -228,7 +228,7 @@ func (s *scanner) run(b []byte) bool {
 			}
 			var parent uint8
 			if pend.id != kNone {
-				s.apply(pend, s.parent(depth), value{kind: kind, empty: emptyContainer(b, i+1)})
+				s.apply(pend, s.parent(depth), &value{kind: kind, empty: emptyContainer(b, i+1)})
 			}
 			if pendKey != kNone {
 				parent = pendKey
@@ -280,7 +280,7 @@ func (s *scanner) run(b []byte) bool {
 		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
 			n, j := parseNumber(b, i)
 			if pend.id != kNone {
-				s.apply(pend, s.parent(depth), value{kind: vNumber, num: n, isNum: true})
+				s.apply(pend, s.parent(depth), &value{kind: vNumber, num: n, isNum: true})
 			}
 			if pendIDKey && !s.out.enum.ok && n >= 0 && n < 1e15 && n == math.Trunc(n) {
 				s.out.enum = enumCand{ok: true, prefix: fnv64(pendRaw), n: int64(n)}
@@ -294,9 +294,9 @@ func (s *scanner) run(b []byte) bool {
 			if pend.id != kNone {
 				switch string(b[i:j]) {
 				case "true":
-					s.apply(pend, s.parent(depth), value{kind: vTrue})
+					s.apply(pend, s.parent(depth), &value{kind: vTrue})
 				case "false":
-					s.apply(pend, s.parent(depth), value{kind: vFalse})
+					s.apply(pend, s.parent(depth), &value{kind: vFalse})
 				}
 			}
 			i = j
@@ -336,7 +336,7 @@ func (s *scanner) parent(depth int) uint8 {
 // dimension add up with diminishing returns, as a noisy-OR of their
 // contributions (0.6 and 0.5 make 0.8); a key counts once per body, so a
 // field repeated in every message of a history is not more evidence.
-func (s *scanner) apply(k keySpec, parent uint8, v value) {
+func (s *scanner) apply(k keySpec, parent uint8, v *value) {
 	c, id, dim := s.contribution(k, parent, v)
 	word, bit := id/64, uint64(1)<<(id%64)
 	if c <= 0 || s.seen[word]&bit != 0 {
