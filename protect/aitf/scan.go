@@ -16,7 +16,7 @@ const (
 	maxTracked = 1 << 12
 	// shallowTracked levels keep that bit in one word; only a body nesting
 	// deeper is scanned again with the 512 bytes of bits for maxTracked
-	// (zeroing those for every body cost a tenth of a 1 KiB scan).
+	// (zeroing those for every body cost about 2% of a 1 KiB scan).
 	shallowTracked = 64
 	// maxParents is how many levels remember the key that opened them.
 	maxParents = 64
