@@ -159,7 +159,8 @@ func walk(s *scanner, node any, parent uint8) {
 		for k, child := range n {
 			spec := lookupKey([]byte(strings.ToLower(keyReplacer.Replace(k))))
 			if spec.id != kNone && !s.settled(spec) {
-				s.apply(spec, parent, baselineValue(child))
+				v := baselineValue(child)
+				s.apply(spec, parent, &v)
 			}
 			walk(s, child, spec.id)
 		}

@@ -10,10 +10,14 @@ import (
 
 const (
 	// maxTracked is how many nesting levels remember whether they are an
-	// object or an array (512 bytes of bits on the stack). Deeper containers
-	// are read as arrays, so their keys are ignored; a 16 KiB body cannot
-	// nest objects with keys ({"a": is five bytes) deeper than 3,300 levels.
+	// object or an array. Deeper containers are read as arrays, so their
+	// keys are ignored; a 16 KiB body cannot nest objects with keys
+	// ({"a": is five bytes) deeper than 3,300 levels.
 	maxTracked = 1 << 12
+	// shallowTracked levels keep that bit in one word; only a body nesting
+	// deeper is scanned again with the 512 bytes of bits for maxTracked
+	// (zeroing those for every body cost about 2% of a 1 KiB scan).
+	shallowTracked = 64
 	// maxParents is how many levels remember the key that opened them.
 	maxParents = 64
 	// maxKeyRaw bounds the escaped length of a key worth decoding: every
@@ -83,10 +87,10 @@ type scanResult struct {
 // scanner holds the state of one pass. It lives on the caller's stack.
 type scanner struct {
 	out     scanResult
-	objects [maxTracked / 64]uint64 // bit set: the container at that depth is an object
-	parents [maxParents]uint8       // key id that opened the container at that depth
-	seen    [4]uint64               // key ids already counted
-	memo    *[memoSize]memoKey      // keys met in this body; nil for short bodies
+	deep    *[maxTracked / 64]uint64 // bit set: the container at that depth is an object; nil until a body nests deeper than shallowTracked
+	parents [maxParents]uint8        // key id that opened the container at that depth
+	seen    [4]uint64                // key ids already counted
+	memo    *[memoSize]memoKey       // keys met in this body; nil for short bodies
 }
 
 // memoSize is how many distinct keys a body's memo holds; agent bodies
@@ -135,15 +139,26 @@ func scanMemo(body []byte, useMemo bool) scanResult {
 		var memo [memoSize]memoKey
 		s.memo = &memo
 	}
+	if s.run(body) {
+		return s.out
+	}
+	// The body nests deeper than shallowTracked: scan it again, from
+	// scratch, with a bit per level up to maxTracked. The memo, which only
+	// caches what the body's own keys are, stays valid.
+	var deep [maxTracked / 64]uint64
+	s = scanner{deep: &deep, memo: s.memo}
 	s.run(body)
 	return s.out
 }
 
 // run is the single pass. It never recurses and never looks back more than
 // a string's trailing backslashes, so any input, valid or not, costs O(n).
-func (s *scanner) run(b []byte) {
+// Without s.deep it stops, reporting false, at the first container nested
+// deeper than shallowTracked.
+func (s *scanner) run(b []byte) bool {
 	var (
 		depth     int
+		objects   uint64  // bit d set: the container at depth d < shallowTracked is an object
 		inObj     bool    // the innermost container is an object
 		expectKey bool    // the next string is a key (in an object, after '{', ',' or a value)
 		pend      keySpec // the known key waiting for its value (id 0 once settled)
@@ -200,7 +215,7 @@ func (s *scanner) run(b []byte) {
 						v.num, v.isNum = n, true
 					}
 				}
-				s.apply(pend, s.parent(depth), v)
+				s.apply(pend, s.parent(depth), &v)
 			}
 			if !s.out.enum.ok && len(raw) >= 4 && len(raw) <= 48 {
 				s.out.enum = enumOf(raw)
@@ -213,7 +228,7 @@ func (s *scanner) run(b []byte) {
 			}
 			var parent uint8
 			if pend.id != kNone {
-				s.apply(pend, s.parent(depth), value{kind: kind, empty: emptyContainer(b, i+1)})
+				s.apply(pend, s.parent(depth), &value{kind: kind, empty: emptyContainer(b, i+1)})
 			}
 			if pendKey != kNone {
 				parent = pendKey
@@ -224,12 +239,22 @@ func (s *scanner) run(b []byte) {
 			}
 			depth++
 			inObj = kind == vObject && depth < maxTracked
-			if depth < maxTracked {
+			switch {
+			case depth < shallowTracked:
+				bit := uint64(1) << depth
+				if inObj {
+					objects |= bit
+				} else {
+					objects &^= bit
+				}
+			case s.deep == nil:
+				return false
+			case depth < maxTracked:
 				bit := uint64(1) << (depth % 64)
 				if inObj {
-					s.objects[depth/64] |= bit
+					s.deep[depth/64] |= bit
 				} else {
-					s.objects[depth/64] &^= bit
+					s.deep[depth/64] &^= bit
 				}
 			}
 			if depth < maxParents {
@@ -244,14 +269,18 @@ func (s *scanner) run(b []byte) {
 			if depth > 0 {
 				depth--
 			}
-			inObj = s.isObject(depth)
+			if depth < shallowTracked {
+				inObj = objects&(uint64(1)<<depth) != 0 // bit 0 is never set: depth 0 is no container
+			} else {
+				inObj = s.isDeepObject(depth)
+			}
 			i++
 		case ',':
 			i++
 		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
 			n, j := parseNumber(b, i)
 			if pend.id != kNone {
-				s.apply(pend, s.parent(depth), value{kind: vNumber, num: n, isNum: true})
+				s.apply(pend, s.parent(depth), &value{kind: vNumber, num: n, isNum: true})
 			}
 			if pendIDKey && !s.out.enum.ok && n >= 0 && n < 1e15 && n == math.Trunc(n) {
 				s.out.enum = enumCand{ok: true, prefix: fnv64(pendRaw), n: int64(n)}
@@ -265,9 +294,9 @@ func (s *scanner) run(b []byte) {
 			if pend.id != kNone {
 				switch string(b[i:j]) {
 				case "true":
-					s.apply(pend, s.parent(depth), value{kind: vTrue})
+					s.apply(pend, s.parent(depth), &value{kind: vTrue})
 				case "false":
-					s.apply(pend, s.parent(depth), value{kind: vFalse})
+					s.apply(pend, s.parent(depth), &value{kind: vFalse})
 				}
 			}
 			i = j
@@ -285,11 +314,13 @@ func (s *scanner) run(b []byte) {
 			i++ // the usual comma, without another trip round the loop
 		}
 	}
+	return true
 }
 
-// isObject reports whether the container at depth is an object.
-func (s *scanner) isObject(depth int) bool {
-	return depth > 0 && depth < maxTracked && s.objects[depth/64]&(uint64(1)<<(depth%64)) != 0
+// isDeepObject reports whether the container at depth (at least
+// shallowTracked, so run has s.deep) is an object.
+func (s *scanner) isDeepObject(depth int) bool {
+	return depth < maxTracked && s.deep[depth/64]&(uint64(1)<<(depth%64)) != 0
 }
 
 // parent returns the key id that opened the container at depth.
@@ -305,7 +336,7 @@ func (s *scanner) parent(depth int) uint8 {
 // dimension add up with diminishing returns, as a noisy-OR of their
 // contributions (0.6 and 0.5 make 0.8); a key counts once per body, so a
 // field repeated in every message of a history is not more evidence.
-func (s *scanner) apply(k keySpec, parent uint8, v value) {
+func (s *scanner) apply(k keySpec, parent uint8, v *value) {
 	c, id, dim := s.contribution(k, parent, v)
 	word, bit := id/64, uint64(1)<<(id%64)
 	if c <= 0 || s.seen[word]&bit != 0 {
