@@ -110,7 +110,22 @@ type Spec struct {
 	Label string
 	// Logger, when set, is the call's logger (with the task's attributes).
 	Logger *slog.Logger
+	// Hold, when set, is the caller's own booking for the call (the model
+	// endpoint's per-task call count and parallel slot, its step): the
+	// Governor sends it with its own bookings, in the same round trip, and
+	// takes its answer first (a refusal is returned as it is, and what was
+	// booked beside it is given back). The end it returns is called once:
+	// with the settle, in its round trip, when an attempt answered; else
+	// with the give-back when the call is refused or fails after the hold.
+	// Without a budget that can withdraw a reserve it is asked first, on
+	// its own.
+	Hold func(ctx context.Context) (end HoldEnd, err error)
 }
+
+// HoldEnd ends a Spec.Hold, told how the call ended: out as Call returns
+// it (Model, Charged, Waited filled in), err nil when an attempt answered.
+// It must not block longer than its own Redis work.
+type HoldEnd func(ctx context.Context, out Outcome, err error)
 
 // Attempt is one try on one model, under a reservation.
 type Attempt struct {
@@ -192,9 +207,20 @@ func (g *Governor) Call(ctx context.Context, spec Spec, attempt func(ctx context
 		c.lg = g.d.Logger
 	}
 	out, err := c.do(ctx)
-	c.release(ctx)
 	out.Charged, out.Waited = c.usage, c.waited
+	c.release(ctx, c.endHold(out, err))
 	return out, err
+}
+
+// endHold is the hold's end for release's round trip (nil: no hold, or
+// it has ended), to be told out and err.
+func (c *governedCall) endHold(out Outcome, err error) func(ctx context.Context) {
+	end := c.held
+	if end == nil {
+		return nil
+	}
+	c.held = nil
+	return func(ctx context.Context) { end(ctx, out, err) }
 }
 
 // governedCall is one Call, from its reservation to its settlement,
@@ -231,6 +257,8 @@ type governedCall struct {
 	withdraw *budget.Request
 	// waited is how long the call waited for tokens, in both buckets.
 	waited time.Duration
+	// held is the end of Spec.Hold's booking (nil: none, or ended).
+	held HoldEnd
 }
 
 // bucketTake is tokens taken from a bucket (by BeforeCall or Pace): the
@@ -345,6 +373,13 @@ func (c *governedCall) book(ctx context.Context, model string) error {
 // one before it let the call through: a spike or a bucket refusal books
 // nothing at all, a refused reservation no turn.
 func (c *governedCall) bookInOrder(ctx context.Context, model string) error {
+	if h := c.spec.Hold; h != nil && c.held == nil {
+		end, err := h(ctx)
+		if err != nil {
+			return err
+		}
+		c.held = end
+	}
 	for {
 		wait, err := c.takeOnce(ctx)
 		if err != nil {
@@ -406,7 +441,15 @@ func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawe
 	bucket, pacing := g.d.Limiter != nil, g.d.Limiter != nil && g.cfg.SiteTokensPerMinute > 0
 	var ask bucketAsk
 	var turn paceAsk
+	var held HoldEnd
+	var holdErr error
 	var wg sync.WaitGroup
+	// The hold is taken once per call: a bucket wait asks again for the
+	// rest only.
+	holding := c.spec.Hold != nil && c.held == nil
+	if holding {
+		wg.Go(func() { held, holdErr = c.spec.Hold(ctx) })
+	}
 	if bucket {
 		wg.Go(func() { ask = c.askBucket(ctx) })
 	}
@@ -420,14 +463,28 @@ func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawe
 	if pacing && turn.err == nil {
 		c.paced = &bucketTake{op: turn.op, amount: turn.amount}
 	}
+	if bucket && ask.err == nil && ask.d.Taken {
+		c.take = &bucketTake{op: ask.op, amount: ask.amount}
+	}
+	if holding {
+		if holdErr != nil {
+			// The caller's refusal comes first: the rest is given back as
+			// if it had never been asked (no alert, no spike).
+			c.withdraw = &req
+			c.release(ctx, nil)
+			return 0, holdErr
+		}
+		c.held = held
+	}
 	if bucket {
+		c.take = nil // bucketAnswer books it again, in the contract's order
 		wait, err := c.bucketAnswer(ctx, ask)
 		if err != nil || wait > 0 {
 			c.withdraw = &req
 			if err != nil {
 				return 0, err
 			}
-			c.release(ctx)
+			c.release(ctx, nil)
 			return wait, nil
 		}
 	}
@@ -678,10 +735,14 @@ func bucketName(scope string) string {
 // outright, or by an attempt that never began; and it settles the
 // principal's bucket with what the attempts were charged (all of the take
 // back when nothing reached a model, the excess recorded as overage when
-// more did).
-func (c *governedCall) release(ctx context.Context) {
-	// Independent scripts on three slots: sent at once, one round trip.
+// more did). also, when set, runs in the same round trip (the hold's end).
+func (c *governedCall) release(ctx context.Context, also func(ctx context.Context)) {
+	// Independent scripts on up to four slots: sent at once, one round
+	// trip.
 	var wg sync.WaitGroup
+	if also != nil {
+		wg.Go(func() { also(context.WithoutCancel(ctx)) })
+	}
 	if req := c.withdraw; req != nil {
 		c.withdraw = nil
 		w := c.g.d.Budget.(withdrawer)
@@ -794,6 +855,14 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 		wg.Go(func() {
 			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, total)
 		})
+	}
+	if end := c.held; end != nil && ok {
+		// The attempt answered: no fallback follows, and the hold ends
+		// with the settle. Its Outcome is the one Call returns.
+		c.held = nil
+		o := out
+		o.Model, o.FellBack, o.Charged, o.Waited = mdl, mdl.Name != g.d.Models.Primary.Name, c.usage, c.waited
+		wg.Go(func() { end(context.WithoutCancel(ctx), o, nil) })
 	}
 	wg.Wait()
 	if g.d.Ledger != nil {

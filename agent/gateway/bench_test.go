@@ -41,6 +41,13 @@ const benchBody = `{"model":"gpt-4o-mini","messages":[{"role":"system","content"
 type passGov struct{ up Upstream }
 
 func (g passGov) Call(ctx context.Context, spec Spec, attempt func(context.Context, Attempt) (Outcome, error)) (Outcome, error) {
+	if spec.Hold != nil {
+		release, err := spec.Hold(ctx)
+		if err != nil {
+			return Outcome{}, err
+		}
+		defer release(true)
+	}
 	return attempt(ctx, Attempt{Model: spec.Model, Upstream: g.up, MaxOutput: 1000})
 }
 

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"faregate/agent"
@@ -50,8 +52,29 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 		PromptTokens: s.PromptTokens, MaxOutput: s.MaxOutput, Closing: true, MinOutput: 1,
 		Label: "v1 " + s.Kind,
 	}
+	// The task's slot rides in the Governor's round trip before the call,
+	// and its release and the call's step in the settle's after it: the
+	// endpoint adds no round trip of its own to the critical path.
+	var attempted atomic.Bool
+	spec.Hold = func(ctx context.Context) (agent.HoldEnd, error) {
+		release := func(bool) {}
+		if s.Hold != nil {
+			rel, err := s.Hold(ctx)
+			if err != nil {
+				return nil, err
+			}
+			release = rel
+		}
+		return func(ctx context.Context, out agent.Outcome, err error) {
+			var wg sync.WaitGroup
+			wg.Go(func() { release(attempted.Load()) })
+			e.record(ctx, s, out, err, time.Since(started))
+			wg.Wait()
+		}, nil
+	}
 	var last gateway.Outcome
-	out, err := e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {
+	_, err = e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {
+		attempted.Store(true)
 		o, err := attempt(ctx, gateway.Attempt{
 			Model:    a.Model.Name,
 			Upstream: gateway.Upstream{BaseURL: a.Model.BaseURL, APIKey: a.Model.APIKey, Client: a.Model.HTTPClient},
@@ -65,7 +88,6 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 			FirstToken: o.Started || o.Counted > 0 || o.Usage.Reported,
 		}, err
 	})
-	e.record(ctx, s, out, err, time.Since(started))
 	if err != nil {
 		return last, endpointError(err)
 	}
