@@ -182,18 +182,50 @@ func (t *taskPrincipals) principal(ctx context.Context, id string) (agent.Princi
 }
 
 // mountModels puts the model endpoint on the /v1 surface (nothing with the
-// built-in planner): every call governed by the workflow's Governor, held
-// to the task's call and parallelism limits across replicas, its step
-// posted through the task key like the agent's own events (the lease
-// holder numbers them and carries the warning).
+// built-in planner).
 func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, sp *spending, rn *runs) {
 	if x == nil {
 		return
 	}
-	keys := x.keys
-	gov := &governedEndpoint{
+	h := modelEndpoint(modelEndpointParts{
 		gov:       sp.workflow.Governor(),
 		principal: newTaskPrincipals(rn.store.Get).principal,
+		keys:      x.keys,
+		limits: &gateway.RedisLimits{Client: st.redis.main, MaxCalls: cfg.AgentMaxCalls, MaxParallel: cfg.AgentMaxParallel,
+			Logger: lg},
+		models:    []string{sp.models.Primary.Name},
+		embedding: cfg.EmbeddingModel,
+		maxBody:   cfg.V1MaxBody,
+		lg:        lg,
+	})
+	x.v1.Models = func(w http.ResponseWriter, r *http.Request) error {
+		h.ServeHTTP(w, r)
+		return nil
+	}
+}
+
+// modelEndpointParts is what the model endpoint is made of.
+type modelEndpointParts struct {
+	gov       *agent.Governor
+	principal func(ctx context.Context, taskID string) (agent.Principal, error)
+	keys      *taskkey.Keys
+	limits    gateway.Limiter
+	models    []string
+	embedding string
+	maxBody   int64
+	lg        *slog.Logger
+}
+
+// modelEndpoint is the model endpoint's handler, behind the task key's
+// check (the request's context carries the grant): every call governed by
+// the workflow's Governor, held to the task's call and parallelism limits
+// across replicas, its step posted through the task key like the agent's
+// own events (the lease holder numbers them and carries the warning).
+func modelEndpoint(p modelEndpointParts) http.Handler {
+	keys, lg, models := p.keys, p.lg, p.models
+	gov := &governedEndpoint{
+		gov:       p.gov,
+		principal: p.principal,
 		step: func(ctx context.Context, p taskkey.Posted) {
 			g, ok := taskkey.FromContext(ctx)
 			if !ok {
@@ -209,11 +241,9 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 			}
 		},
 	}
-	models := []string{sp.models.Primary.Name}
-	h := gateway.New(gateway.Options{
+	return gateway.New(gateway.Options{
 		Governor: gov,
-		Limits: &gateway.RedisLimits{Client: st.redis.main, MaxCalls: cfg.AgentMaxCalls, MaxParallel: cfg.AgentMaxParallel,
-			Logger: lg},
+		Limits:   p.limits,
 		Task: func(r *http.Request) (gateway.Task, bool) {
 			g, ok := taskkey.FromContext(r.Context())
 			if !ok {
@@ -223,12 +253,8 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 		},
 		WriteError:     api.WriteV1Error,
 		RequestID:      func(r *http.Request) string { return api.RequestID(r.Context()) },
-		EmbeddingModel: cfg.EmbeddingModel,
-		MaxBody:        cfg.V1MaxBody,
+		EmbeddingModel: p.embedding,
+		MaxBody:        p.maxBody,
 		Logger:         lg,
 	})
-	x.v1.Models = func(w http.ResponseWriter, r *http.Request) error {
-		h.ServeHTTP(w, r)
-		return nil
-	}
 }
