@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"faregate/agent"
+	"faregate/agent/chat"
+	"faregate/protect/redistest"
+)
+
+// The speed targets of the model endpoint (issue 21), each compared in
+// the same run, in one process, on the same httptest upstream and one
+// private redis-server (run:
+//
+//	go test -run '^$' -bench 'GovernedEndpoint|GovernedOpenStreams' -benchtime 3s ./cmd/faregate
+//
+// ; like every benchmark, none runs without -bench):
+//   - direct: the client calls the upstream itself;
+//   - proxy: a bare httputil.ReverseProxy, no Redis at all;
+//   - endpoint: the model endpoint as run wires it (key check, the task's
+//     limits, the Governor with budget, ledger, both buckets, the step);
+//   - builtin: the built-in planner's governed call (Governor.Call) whose
+//     attempt calls the upstream the same way the client does.
+//
+// 32 workers make non-streaming calls; each variant reports p50 and p99
+// latency, requests per second and, against direct, the added p50 and
+// p99 (added-p50-µs, added-p99-µs) and its throughput against proxy
+// (x-proxy).
+
+// speedClient is a client with enough idle connections for every worker.
+func speedClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}}
+}
+
+// latencies are one variant's results.
+type latencies struct {
+	p50, p99 time.Duration
+	rps      float64
+}
+
+// run32 makes b.N calls of call from 32 workers and reports p50, p99 and
+// requests per second; call returns the latency it measured.
+func run32(b *testing.B, call func() (time.Duration, error)) latencies {
+	const workers = 32
+	lat := make([][]time.Duration, workers)
+	next := make(chan struct{}, b.N)
+	for range b.N {
+		next <- struct{}{}
+	}
+	close(next)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			for range next {
+				d, err := call()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				lat[w] = append(lat[w], d)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) == 0 {
+		return latencies{}
+	}
+	l := latencies{p50: all[len(all)/2], p99: all[len(all)*99/100], rps: float64(len(all)) / elapsed.Seconds()}
+	b.ReportMetric(float64(l.p50.Microseconds()), "p50-µs")
+	b.ReportMetric(float64(l.p99.Microseconds()), "p99-µs")
+	b.ReportMetric(l.rps, "req/s")
+	return l
+}
+
+// httpCall posts body to u (with key as the bearer, if set) and times it:
+// to the whole answer, or with first to the first line of the stream.
+func httpCall(client *http.Client, u, key, body string, first bool) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		t0 := time.Now()
+		req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var d time.Duration
+		if first {
+			rd := bufio.NewReader(resp.Body)
+			if _, err := rd.ReadString('\n'); err != nil {
+				return 0, err
+			}
+			d = time.Since(t0)
+			_, _ = io.Copy(io.Discard, rd)
+		} else {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			d = time.Since(t0)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return d, nil
+	}
+}
+
+// speedRig is the rig on a private redis-server, with a bare proxy to the
+// same upstream beside it.
+func speedRig(b *testing.B, upstream http.HandlerFunc, maxParallel int) (*endpointRig, *httptest.Server) {
+	redistest.Require(b)
+	rig := newEndpointRig(b, redistest.Start(b).Client(b), upstream, maxParallel)
+	target, _ := url.Parse(rig.upstream.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = speedClient().Transport
+	proxy := httptest.NewServer(rp)
+	b.Cleanup(proxy.Close)
+	return rig, proxy
+}
+
+func BenchmarkGovernedEndpoint(b *testing.B) {
+	rig, proxy := speedRig(b, answerJSON, 64)
+	path := "/v1/chat/completions"
+	var direct, bare latencies
+	added := func(b *testing.B, l latencies) {
+		b.ReportMetric(float64((l.p50 - direct.p50).Microseconds()), "added-p50-µs")
+		b.ReportMetric(float64((l.p99 - direct.p99).Microseconds()), "added-p99-µs")
+		if bare.rps > 0 {
+			b.ReportMetric(l.rps/bare.rps, "x-proxy")
+		}
+	}
+	b.Run("direct", func(b *testing.B) {
+		direct = run32(b, httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false))
+	})
+	b.Run("proxy", func(b *testing.B) {
+		bare = run32(b, httpCall(speedClient(), proxy.URL+path, "", endpointBody, false))
+		added(b, bare)
+	})
+	b.Run("endpoint", func(b *testing.B) {
+		added(b, run32(b, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false)))
+	})
+	b.Run("builtin", func(b *testing.B) {
+		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
+		added(b, run32(b, func() (time.Duration, error) {
+			t0 := time.Now()
+			_, err := rig.gov.Call(context.Background(), rig.spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
+				if _, err := up(); err != nil {
+					return agent.Outcome{}, err
+				}
+				return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
+			})
+			return time.Since(t0), err
+		}))
+	})
+}
+
+// streamJSON is an upstream that streams five chunks, the first flushed
+// at once, then the usage and [DONE].
+func streamJSON(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range 5 {
+		_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"word "}}]}`+"\n\n")
+		if i == 0 {
+			w.(http.Flusher).Flush()
+		}
+	}
+	_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":5,"total_tokens":25}}`+"\n\n")
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// BenchmarkGovernedEndpointStream is the time to the first event of a
+// stream (TTFT), direct and through the endpoint (added-p50-µs).
+func BenchmarkGovernedEndpointStream(b *testing.B) {
+	rig, _ := speedRig(b, streamJSON, 64)
+	path := "/v1/chat/completions"
+	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	var direct latencies
+	b.Run("direct", func(b *testing.B) {
+		direct = run32(b, httpCall(speedClient(), rig.upstream.URL+path, "", body, true))
+	})
+	b.Run("endpoint", func(b *testing.B) {
+		l := run32(b, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, body, true))
+		b.ReportMetric(float64((l.p50 - direct.p50).Microseconds()), "added-p50-µs")
+	})
+}
+
+// BenchmarkGovernedOpenStreams holds 1,000 streams of one task open at
+// once through the endpoint (FAREGATE_AGENT_MAX_PARALLEL raised to let
+// them) and reports the memory each costs: the whole process (client,
+// endpoint and upstream sides) and, against the same 1,000 streams opened
+// directly on the upstream, the endpoint's own part.
+func BenchmarkGovernedOpenStreams(b *testing.B) {
+	const n = 1000
+	release := make(chan struct{})
+	rig, _ := speedRig(b, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"first "}}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}, 2*n)
+	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	open := func(u, key string) (func(), uint64) {
+		client := speedClient()
+		base := inUse()
+		bodies := make([]io.ReadCloser, 0, n)
+		var mu sync.Mutex
+		var ready sync.WaitGroup
+		for range n {
+			ready.Go(func() {
+				req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				if key != "" {
+					req.Header.Set("Authorization", "Bearer "+key)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if resp.StatusCode != http.StatusOK {
+					b.Errorf("status %d", resp.StatusCode)
+				}
+				if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+					b.Error(err)
+				}
+				mu.Lock()
+				bodies = append(bodies, resp.Body)
+				mu.Unlock()
+			})
+		}
+		ready.Wait()
+		used := inUse() - base
+		return func() {
+			for _, bd := range bodies {
+				bd.Close()
+			}
+			client.CloseIdleConnections()
+		}, used
+	}
+	path := "/v1/chat/completions"
+	for range b.N {
+		closeDirect, direct := open(rig.upstream.URL+path, "")
+		closeDirect()
+		closeEp, total := open(rig.endpoint.URL+path, rig.key)
+		closeEp()
+		b.ReportMetric(float64(total)/n, "B/stream-all")
+		b.ReportMetric((float64(total)-float64(direct))/n, "B/stream-endpoint")
+	}
+	close(release)
+}
+
+// inUse is the memory in use after a collection: heap and goroutine
+// stacks.
+func inUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
+}
