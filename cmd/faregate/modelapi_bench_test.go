@@ -12,9 +12,13 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"faregate/agent"
 	"faregate/agent/chat"
@@ -51,9 +55,12 @@ type latencies struct {
 	rps      float64
 }
 
-// run32 makes b.N calls of call from 32 workers and reports p50, p99 and
-// requests per second; call returns the latency it measured.
-func run32(b *testing.B, call func() (time.Duration, error)) latencies {
+// run32 makes b.N calls of call from 32 workers and reports p50, p99,
+// requests per second and the CPU each call cost this process
+// (cpu-µs/op) and the redis-server (redis-cpu-µs/op, when rdb is set):
+// on a machine other work shares, the CPU is the figure queueing does not
+// blur. call returns the latency it measured.
+func run32(b *testing.B, rdb *redis.Client, call func() (time.Duration, error)) latencies {
 	const workers = 32
 	lat := make([][]time.Duration, workers)
 	next := make(chan struct{}, b.N)
@@ -63,7 +70,7 @@ func run32(b *testing.B, call func() (time.Duration, error)) latencies {
 	close(next)
 	var wg sync.WaitGroup
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0, rcpu0 := time.Now(), processCPU(), redisCPU(b, rdb)
 	for w := range workers {
 		wg.Go(func() {
 			for range next {
@@ -79,6 +86,10 @@ func run32(b *testing.B, call func() (time.Duration, error)) latencies {
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+	if rdb != nil {
+		b.ReportMetric(float64((redisCPU(b, rdb)-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	if len(all) == 0 {
@@ -127,19 +138,20 @@ func httpCall(client *http.Client, u, key, body string, first bool) func() (time
 
 // speedRig is the rig on a private redis-server, with a bare proxy to the
 // same upstream beside it.
-func speedRig(b *testing.B, upstream http.HandlerFunc, maxParallel int) (*endpointRig, *httptest.Server) {
+func speedRig(b *testing.B, upstream http.HandlerFunc, maxParallel int) (*endpointRig, *httptest.Server, *redis.Client) {
 	redistest.Require(b)
-	rig := newEndpointRig(b, redistest.Start(b).Client(b), upstream, maxParallel)
+	srv := redistest.Start(b)
+	rig := newEndpointRig(b, srv.Client(b), upstream, maxParallel)
 	target, _ := url.Parse(rig.upstream.URL)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = speedClient().Transport
 	proxy := httptest.NewServer(rp)
 	b.Cleanup(proxy.Close)
-	return rig, proxy
+	return rig, proxy, srv.Client(b)
 }
 
 func BenchmarkGovernedEndpoint(b *testing.B) {
-	rig, proxy := speedRig(b, answerJSON, 64)
+	rig, proxy, rdb := speedRig(b, answerJSON, 64)
 	path := "/v1/chat/completions"
 	var direct, bare latencies
 	added := func(b *testing.B, l latencies) {
@@ -150,18 +162,18 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 		}
 	}
 	b.Run("direct", func(b *testing.B) {
-		direct = run32(b, httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false))
+		direct = run32(b, rdb, httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false))
 	})
 	b.Run("proxy", func(b *testing.B) {
-		bare = run32(b, httpCall(speedClient(), proxy.URL+path, "", endpointBody, false))
+		bare = run32(b, rdb, httpCall(speedClient(), proxy.URL+path, "", endpointBody, false))
 		added(b, bare)
 	})
 	b.Run("endpoint", func(b *testing.B) {
-		added(b, run32(b, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false)))
+		added(b, run32(b, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false)))
 	})
 	b.Run("builtin", func(b *testing.B) {
 		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
-		added(b, run32(b, func() (time.Duration, error) {
+		added(b, run32(b, rdb, func() (time.Duration, error) {
 			t0 := time.Now()
 			_, err := rig.gov.Call(context.Background(), rig.spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
 				if _, err := up(); err != nil {
@@ -192,15 +204,15 @@ func streamJSON(w http.ResponseWriter, r *http.Request) {
 // BenchmarkGovernedEndpointStream is the time to the first event of a
 // stream (TTFT), direct and through the endpoint (added-p50-µs).
 func BenchmarkGovernedEndpointStream(b *testing.B) {
-	rig, _ := speedRig(b, streamJSON, 64)
+	rig, _, rdb := speedRig(b, streamJSON, 64)
 	path := "/v1/chat/completions"
 	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
 	var direct latencies
 	b.Run("direct", func(b *testing.B) {
-		direct = run32(b, httpCall(speedClient(), rig.upstream.URL+path, "", body, true))
+		direct = run32(b, rdb, httpCall(speedClient(), rig.upstream.URL+path, "", body, true))
 	})
 	b.Run("endpoint", func(b *testing.B) {
-		l := run32(b, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, body, true))
+		l := run32(b, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, body, true))
 		b.ReportMetric(float64((l.p50 - direct.p50).Microseconds()), "added-p50-µs")
 	})
 }
@@ -213,7 +225,7 @@ func BenchmarkGovernedEndpointStream(b *testing.B) {
 func BenchmarkGovernedOpenStreams(b *testing.B) {
 	const n = 1000
 	release := make(chan struct{})
-	rig, _ := speedRig(b, func(w http.ResponseWriter, r *http.Request) {
+	rig, _, _ := speedRig(b, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"first "}}]}`+"\n\n")
@@ -273,6 +285,33 @@ func BenchmarkGovernedOpenStreams(b *testing.B) {
 		b.ReportMetric((float64(total)-float64(direct))/n, "B/stream-endpoint")
 	}
 	close(release)
+}
+
+// processCPU is the CPU this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPU is the CPU the redis-server has used (INFO cpu), 0 without rdb.
+func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	if rdb == nil {
+		return 0
+	}
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // inUse is the memory in use after a collection: heap and goroutine
