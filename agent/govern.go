@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -16,6 +15,7 @@ import (
 	"faregate/protect/budget"
 	"faregate/protect/codes"
 	"faregate/protect/ratelimit"
+	"faregate/protect/redisbatch"
 )
 
 // Governor makes governed model calls: one implementation of every
@@ -120,6 +120,11 @@ type Spec struct {
 	// Without a budget that can withdraw a reserve it is asked first, on
 	// its own.
 	Hold func(ctx context.Context) (end HoldEnd, err error)
+	// After, when set, is the caller's own write once the call is over
+	// (the model endpoint's step), told how it ended like a HoldEnd: it
+	// runs beside the settle, in its round trip, or beside the give-back;
+	// never when the Hold refused the call.
+	After HoldEnd
 }
 
 // HoldEnd ends a Spec.Hold, told how the call ended: out as Call returns
@@ -208,19 +213,25 @@ func (g *Governor) Call(ctx context.Context, spec Spec, attempt func(ctx context
 	}
 	out, err := c.do(ctx)
 	out.Charged, out.Waited = c.usage, c.waited
-	c.release(ctx, c.endHold(out, err))
+	c.release(ctx, c.ends(out, err)...)
 	return out, err
 }
 
-// endHold is the hold's end for release's round trip (nil: no hold, or
-// it has ended), to be told out and err.
-func (c *governedCall) endHold(out Outcome, err error) func(ctx context.Context) {
-	end := c.held
-	if end == nil {
-		return nil
+// ends are the hold's end and the caller's after-call write (Spec.After),
+// for a round trip of the Governor's, each told out and err: the hold's
+// when it was taken and has not ended, After once unless the hold refused
+// the call.
+func (c *governedCall) ends(out Outcome, err error) []func(ctx context.Context) {
+	var fns []func(ctx context.Context)
+	if end := c.held; end != nil {
+		c.held = nil
+		fns = append(fns, func(ctx context.Context) { end(context.WithoutCancel(ctx), out, err) })
 	}
-	c.held = nil
-	return func(ctx context.Context) { end(ctx, out, err) }
+	if after := c.spec.After; after != nil && !c.afterDone && !c.holdRefused {
+		c.afterDone = true
+		fns = append(fns, func(ctx context.Context) { after(context.WithoutCancel(ctx), out, err) })
+	}
+	return fns
 }
 
 // governedCall is one Call, from its reservation to its settlement,
@@ -257,8 +268,11 @@ type governedCall struct {
 	withdraw *budget.Request
 	// waited is how long the call waited for tokens, in both buckets.
 	waited time.Duration
-	// held is the end of Spec.Hold's booking (nil: none, or ended).
-	held HoldEnd
+	// held is the end of Spec.Hold's booking (nil: none, or ended);
+	// holdRefused is set when the hold refused the call, afterDone once
+	// Spec.After ran.
+	held                   HoldEnd
+	holdRefused, afterDone bool
 }
 
 // bucketTake is tokens taken from a bucket (by BeforeCall or Pace): the
@@ -376,6 +390,7 @@ func (c *governedCall) bookInOrder(ctx context.Context, model string) error {
 	if h := c.spec.Hold; h != nil && c.held == nil {
 		end, err := h(ctx)
 		if err != nil {
+			c.holdRefused = true
 			return err
 		}
 		c.held = end
@@ -443,21 +458,22 @@ func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawe
 	var turn paceAsk
 	var held HoldEnd
 	var holdErr error
-	var wg sync.WaitGroup
+	var res budget.Reservation
+	var resErr error
+	wave := []func(context.Context){func(ctx context.Context) { res, resErr = g.d.Budget.Reserve(ctx, req) }}
 	// The hold is taken once per call: a bucket wait asks again for the
 	// rest only.
 	holding := c.spec.Hold != nil && c.held == nil
 	if holding {
-		wg.Go(func() { held, holdErr = c.spec.Hold(ctx) })
+		wave = append(wave, func(ctx context.Context) { held, holdErr = c.spec.Hold(ctx) })
 	}
 	if bucket {
-		wg.Go(func() { ask = c.askBucket(ctx) })
+		wave = append(wave, func(ctx context.Context) { ask = c.askBucket(ctx) })
 	}
 	if pacing {
-		wg.Go(func() { turn = c.askPace(ctx) })
+		wave = append(wave, func(ctx context.Context) { turn = c.askPace(ctx) })
 	}
-	res, resErr := g.d.Budget.Reserve(ctx, req)
-	wg.Wait()
+	redisbatch.Run(ctx, wave...)
 	// Whatever was booked is the call's now: release gives it back unless
 	// an attempt uses it.
 	if pacing && turn.err == nil {
@@ -471,7 +487,8 @@ func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawe
 			// The caller's refusal comes first: the rest is given back as
 			// if it had never been asked (no alert, no spike).
 			c.withdraw = &req
-			c.release(ctx, nil)
+			c.holdRefused = true
+			c.release(ctx)
 			return 0, holdErr
 		}
 		c.held = held
@@ -484,7 +501,7 @@ func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawe
 			if err != nil {
 				return 0, err
 			}
-			c.release(ctx, nil)
+			c.release(ctx)
 			return wait, nil
 		}
 	}
@@ -735,18 +752,15 @@ func bucketName(scope string) string {
 // outright, or by an attempt that never began; and it settles the
 // principal's bucket with what the attempts were charged (all of the take
 // back when nothing reached a model, the excess recorded as overage when
-// more did). also, when set, runs in the same round trip (the hold's end).
-func (c *governedCall) release(ctx context.Context, also func(ctx context.Context)) {
-	// Independent scripts on up to four slots: sent at once, one round
-	// trip.
-	var wg sync.WaitGroup
-	if also != nil {
-		wg.Go(func() { also(context.WithoutCancel(ctx)) })
-	}
+// more did). also run in the same round trip (the hold's end, After).
+func (c *governedCall) release(ctx context.Context, also ...func(ctx context.Context)) {
+	// Independent scripts on up to six slots: sent at once, one round
+	// trip (one pipeline, on a client with redisbatch's hook).
+	wave := also
 	if req := c.withdraw; req != nil {
 		c.withdraw = nil
 		w := c.g.d.Budget.(withdrawer)
-		wg.Go(func() {
+		wave = append(wave, func(ctx context.Context) {
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 			defer cancel()
 			if _, err := w.Withdraw(wctx, *req); err != nil {
@@ -756,18 +770,20 @@ func (c *governedCall) release(ctx context.Context, also func(ctx context.Contex
 	}
 	if t := c.paced; t != nil {
 		c.paced = nil
-		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, t, 0) })
+		wave = append(wave, func(ctx context.Context) { c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, t, 0) })
 	}
 	if t := c.take; t != nil {
 		c.take = nil
 		charged := c.charged
-		wg.Go(func() {
+		wave = append(wave, func(ctx context.Context) {
 			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, charged)
 		})
 	}
-	// The give-back's settle raises its alerts on this goroutine.
-	c.giveBack(ctx)
-	wg.Wait()
+	if c.resOpen {
+		// The give-back's settle is the only one that raises alerts.
+		wave = append(wave, c.giveBack)
+	}
+	redisbatch.Run(ctx, wave...)
 }
 
 // try is one attempt on model mdl under the call's open reservation,
@@ -843,28 +859,29 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 	c.usage.PromptTokens += promptUsed
 	c.usage.CompletionTokens += completion
 	var s budget.Settlement
-	var wg sync.WaitGroup
-	wg.Go(func() { s = c.settle(ctx, res, call) })
+	wave := []func(context.Context){func(ctx context.Context) { s = c.settle(ctx, res, call) }}
 	if t := c.paced; t != nil {
 		c.paced = nil
-		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, charge) })
+		wave = append(wave, func(ctx context.Context) {
+			c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, charge)
+		})
 	}
 	if t := c.take; t != nil && ok {
 		c.take = nil
 		total := c.charged
-		wg.Go(func() {
+		wave = append(wave, func(ctx context.Context) {
 			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, total)
 		})
 	}
-	if end := c.held; end != nil && ok {
-		// The attempt answered: no fallback follows, and the hold ends
-		// with the settle. Its Outcome is the one Call returns.
-		c.held = nil
+	if ok {
+		// The attempt answered: no fallback follows, and the hold and the
+		// caller's after-call write end with the settle. Their Outcome is
+		// the one Call returns.
 		o := out
 		o.Model, o.FellBack, o.Charged, o.Waited = mdl, mdl.Name != g.d.Models.Primary.Name, c.usage, c.waited
-		wg.Go(func() { end(context.WithoutCancel(ctx), o, nil) })
+		wave = append(wave, c.ends(o, nil)...)
 	}
-	wg.Wait()
+	redisbatch.Run(ctx, wave...)
 	if g.d.Ledger != nil {
 		entry.CostMicro, entry.OverageTokens, entry.OverageCostMicro = s.CostMicro, s.OverageTokens, s.OverageCostMicro
 		g.d.Ledger.Count(entry)

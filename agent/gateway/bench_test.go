@@ -46,7 +46,7 @@ func (g passGov) Call(ctx context.Context, spec Spec, attempt func(context.Conte
 		if err != nil {
 			return Outcome{}, err
 		}
-		defer release(true)
+		defer release(ctx, true)
 	}
 	return attempt(ctx, Attempt{Model: spec.Model, Upstream: g.up, MaxOutput: 1000})
 }

@@ -41,7 +41,7 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	// is the governor's to take, beside its own bookings (one round trip).
 	hold := &heldSlot{}
 	if kind != KindEmbeddings && h.o.Limits != nil {
-		spec.Hold = func(ctx context.Context) (func(bool), error) { return hold.take(ctx, h.o.Limits, t) }
+		spec.Hold = func(ctx context.Context) (func(context.Context, bool), error) { return hold.take(ctx, h.o.Limits, t) }
 	}
 	var used, started atomic.Bool
 	_, err = h.o.Governor.Call(r.Context(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
@@ -60,7 +60,7 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		}
 		return out, err
 	})
-	hold.release(used.Load())
+	hold.release(r.Context(), used.Load())
 	switch {
 	case err == nil:
 	case !started.Load() && r.Context().Err() != nil:
@@ -77,11 +77,11 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 // heldSlot is a call's slot of the task's limits, as the governor took it.
 type heldSlot struct {
 	mu   sync.Mutex
-	rel  func(bool)
+	rel  func(context.Context, bool)
 	done bool
 }
 
-func (s *heldSlot) take(ctx context.Context, l Limiter, t Task) (func(bool), error) {
+func (s *heldSlot) take(ctx context.Context, l Limiter, t Task) (func(context.Context, bool), error) {
 	if s.taken() {
 		return s.release, nil // one slot per call, however often asked
 	}
@@ -102,7 +102,7 @@ func (s *heldSlot) taken() bool {
 }
 
 // release ends the slot once (a second call does nothing).
-func (s *heldSlot) release(used bool) {
+func (s *heldSlot) release(ctx context.Context, used bool) {
 	s.mu.Lock()
 	rel := s.rel
 	if s.done || rel == nil {
@@ -111,7 +111,7 @@ func (s *heldSlot) release(used bool) {
 	}
 	s.done = true
 	s.mu.Unlock()
-	rel(used)
+	rel(ctx, used)
 }
 
 // attempt makes one try on the upstream the governor chose.

@@ -89,8 +89,8 @@ type Spec struct {
 	// Hold takes the call's slot of the task's limits (nil: none; it is
 	// set for chat and responses calls when Options.Limits is): release's
 	// used is false when no attempt was made (the call is then not
-	// counted). See Governor.
-	Hold func(ctx context.Context) (release func(used bool), err error)
+	// counted); its ctx is the round trip's it rides in. See Governor.
+	Hold func(ctx context.Context) (release func(ctx context.Context, used bool), err error)
 }
 
 // Upstream is where an attempt goes.

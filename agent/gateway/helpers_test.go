@@ -53,7 +53,7 @@ func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Cont
 	}()
 	// The slot is taken first and given back uncounted on a refusal, as
 	// the real governor does.
-	release := func(bool) {}
+	release := func(context.Context, bool) {}
 	if spec.Hold != nil {
 		rel, err := spec.Hold(ctx)
 		if err != nil {
@@ -62,10 +62,10 @@ func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Cont
 		release = rel
 	}
 	if g.refuse != nil {
-		release(false)
+		release(ctx, false)
 		return Outcome{}, g.refuse
 	}
-	defer release(true)
+	defer release(ctx, true)
 	a := Attempt{Model: spec.Model, Upstream: *g.up, MaxOutput: g.cap}
 	if g.model != "" {
 		a.Model = g.model

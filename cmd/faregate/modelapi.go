@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,7 +56,7 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 	// endpoint adds no round trip of its own to the critical path.
 	var attempted atomic.Bool
 	spec.Hold = func(ctx context.Context) (agent.HoldEnd, error) {
-		release := func(bool) {}
+		release := func(context.Context, bool) {}
 		if s.Hold != nil {
 			rel, err := s.Hold(ctx)
 			if err != nil {
@@ -65,12 +64,10 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 			}
 			release = rel
 		}
-		return func(ctx context.Context, out agent.Outcome, err error) {
-			var wg sync.WaitGroup
-			wg.Go(func() { release(attempted.Load()) })
-			e.record(ctx, s, out, err, time.Since(started))
-			wg.Wait()
-		}, nil
+		return func(ctx context.Context, _ agent.Outcome, _ error) { release(ctx, attempted.Load()) }, nil
+	}
+	spec.After = func(ctx context.Context, out agent.Outcome, err error) {
+		e.record(ctx, s, out, err, time.Since(started))
 	}
 	var last gateway.Outcome
 	_, err = e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {

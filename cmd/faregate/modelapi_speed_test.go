@@ -22,6 +22,7 @@ import (
 	"faregate/protect/budget"
 	"faregate/protect/policy"
 	"faregate/protect/ratelimit"
+	"faregate/protect/redisbatch"
 	"faregate/protect/redistest"
 )
 
@@ -64,6 +65,9 @@ func newEndpointRig(tb testing.TB, rdb redis.UniversalClient, upstream http.Hand
 	tb.Helper()
 	tokens.ForModel(endpointModel) // the tables load once, at start-up in faregate
 	ctx := context.Background()
+	// As newRedis makes run's clients: the governed call's round trips go
+	// as one pipeline (per node).
+	rdb.AddHook(redisbatch.New(rdb))
 	r := &endpointRig{upstream: httptest.NewServer(upstream)}
 	tb.Cleanup(r.upstream.Close)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}}
@@ -148,6 +152,8 @@ type rounds struct {
 	highest  int
 	base     int
 	names    []string
+	// pipelines counts the writes that carried more than one command.
+	pipelines int
 }
 
 func (h *rounds) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -157,11 +163,7 @@ func (h *rounds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		h.mu.Lock()
 		round := h.finished + 1
 		h.highest = max(h.highest, round)
-		name := cmd.Name()
-		if len(cmd.Args()) > 1 && (name == "evalsha" || name == "eval") {
-			name += ":" + strings.Join(keysOf(cmd), ",")
-		}
-		h.names = append(h.names, name)
+		h.names = append(h.names, nameOf(cmd))
 		h.mu.Unlock()
 		err := next(ctx, cmd)
 		time.Sleep(h.hold) // widens "at once"; the count does not depend on it
@@ -172,10 +174,27 @@ func (h *rounds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// ProcessPipelineHook counts a pipeline as one command of one round, and
+// names its commands.
 func (h *rounds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		h.pipelines++
+		for _, c := range cmds[1:] {
+			h.names = append(h.names, nameOf(c))
+		}
+		h.mu.Unlock()
 		return h.ProcessHook(func(ctx context.Context, _ redis.Cmder) error { return next(ctx, cmds) })(ctx, cmds[0])
 	}
+}
+
+// nameOf names a command, a script by its keys.
+func nameOf(cmd redis.Cmder) string {
+	name := cmd.Name()
+	if len(cmd.Args()) > 1 && (name == "evalsha" || name == "eval") {
+		name += ":" + strings.Join(keysOf(cmd), ",")
+	}
+	return name
 }
 
 // keysOf names an EVALSHA's keys by what follows the hash tag.
@@ -197,12 +216,12 @@ func keysOf(cmd redis.Cmder) []string {
 
 // mark returns the rounds and commands since the last mark; every earlier
 // command has finished when it is called.
-func (h *rounds) mark() (int, []string) {
+func (h *rounds) mark() (n int, names []string, pipelines int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n, names := h.highest-h.base, h.names
-	h.base, h.names = h.highest, nil
-	return n, names
+	n, names, pipelines = h.highest-h.base, h.names, h.pipelines
+	h.base, h.names, h.pipelines = h.highest, nil, 0
+	return n, names, pipelines
 }
 
 // TestGovernedEndpointRoundTrips counts the Redis round trips on the
@@ -232,12 +251,12 @@ func TestGovernedEndpointRoundTrips(t *testing.T) {
 		t.Run(tg.name, func(t *testing.T) {
 			rdb := tg.rdb(t)
 			h := &rounds{hold: 100 * time.Millisecond}
-			var before int
+			var before, beforePipes int
 			var beforeNames []string
 			counting := false
 			rig := newEndpointRig(t, rdb, func(w http.ResponseWriter, r *http.Request) {
 				if counting {
-					before, beforeNames = h.mark()
+					before, beforeNames, beforePipes = h.mark()
 				}
 				answerJSON(w, r)
 			}, 4)
@@ -252,13 +271,19 @@ func TestGovernedEndpointRoundTrips(t *testing.T) {
 			counting = true
 			rig.post(t, client, endpointBody)
 			<-done
-			after, afterNames := h.mark()
-			t.Logf("before the upstream call: %d round trips %v; after: %d round trips %v", before, beforeNames, after, afterNames)
+			after, afterNames, afterPipes := h.mark()
+			t.Logf("before the upstream call: %d round trips (%d pipelines) %v; after: %d round trips (%d pipelines) %v",
+				before, beforePipes, beforeNames, after, afterPipes, afterNames)
 			if before != 1 || len(beforeNames) != 4 {
 				t.Fatalf("before the upstream call: %d round trips of %d commands; want the slot, the bucket, the reservation and the site's turn in 1", before, len(beforeNames))
 			}
 			if after != 1 || len(afterNames) != 5 {
 				t.Fatalf("after the upstream call: %d round trips of %d commands; want the settle, the site's turn, the bucket, the slot and the step in 1", after, len(afterNames))
+			}
+			// With redisbatch's hook each round is one write per node: one
+			// pipeline on a single redis-server.
+			if tg.name == "redis" && (beforePipes != 1 || afterPipes != 1) {
+				t.Fatalf("round trips written as %d and %d pipelines; want 1 each", beforePipes, afterPipes)
 			}
 			// Nothing is left booked: the slot is back, the call counted
 			// once, its step on the inbox.
