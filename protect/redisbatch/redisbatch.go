@@ -40,8 +40,9 @@ type pending struct {
 
 type waveKey struct{}
 
-// Run runs each of fns on a goroutine of its own, all as the participants
-// of one wave, and returns when every one has returned: the commands each
+// Run runs fns, the first on the caller's goroutine and each other on
+// one of its own, all as the participants of one wave, and returns when
+// every one has returned: the commands each
 // sends on the ctx it gets (and contexts derived from it) go together.
 // With one fn it runs it on the caller's goroutine, unbatched.
 func Run(ctx context.Context, fns ...func(ctx context.Context)) {
@@ -57,12 +58,18 @@ func Run(ctx context.Context, fns ...func(ctx context.Context)) {
 	w := &Wave{live: len(fns)}
 	wctx := context.WithValue(ctx, waveKey{}, w)
 	var wg sync.WaitGroup
-	for _, fn := range fns {
+	for _, fn := range fns[1:] {
 		wg.Go(func() {
 			defer w.leave()
 			fn(wctx)
 		})
 	}
+	// The first runs on the caller's goroutine, once the others have
+	// been started.
+	func() {
+		defer w.leave()
+		fns[0](wctx)
+	}()
 	wg.Wait()
 }
 
