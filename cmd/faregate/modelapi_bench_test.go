@@ -36,6 +36,7 @@ import (
 //   - proxy: a bare httputil.ReverseProxy, no Redis at all;
 //   - endpoint: the model endpoint as run wires it (key check, the task's
 //     limits, the Governor with budget, ledger, both buckets, the step);
+//     endpoint-unbatched: the same on a client without redisbatch's hook;
 //   - builtin: the built-in planner's governed call (Governor.Call) whose
 //     attempt calls the upstream the same way the client does.
 //
@@ -61,7 +62,11 @@ type latencies struct {
 // on a machine other work shares, the CPU is the figure queueing does not
 // blur. call returns the latency it measured.
 func run32(b *testing.B, rdb *redis.Client, call func() (time.Duration, error)) latencies {
-	const workers = 32
+	return runN(b, 32, rdb, call)
+}
+
+// runN is run32 with workers workers.
+func runN(b *testing.B, workers int, rdb *redis.Client, call func() (time.Duration, error)) latencies {
 	lat := make([][]time.Duration, workers)
 	next := make(chan struct{}, b.N)
 	for range b.N {
@@ -170,6 +175,24 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 	})
 	b.Run("endpoint", func(b *testing.B) {
 		added(b, run32(b, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false)))
+	})
+	// The same endpoint on a client without redisbatch's hook: each
+	// command of a round trip on a connection of its own (the cost the
+	// hook saves).
+	b.Run("endpoint-unbatched", func(b *testing.B) {
+		plain := newEndpointRigOn(b, redis.NewClient(rdb.Options()), answerJSON, 64)
+		added(b, run32(b, rdb, httpCall(speedClient(), plain.endpoint.URL+path, plain.key, endpointBody, false)))
+	})
+	// One call at a time: the overhead without the queueing that 32
+	// callers on a 2-core machine make.
+	var direct1 latencies
+	b.Run("direct-serial", func(b *testing.B) {
+		direct1 = runN(b, 1, rdb, httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false))
+	})
+	b.Run("endpoint-serial", func(b *testing.B) {
+		l := runN(b, 1, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false))
+		b.ReportMetric(float64((l.p50 - direct1.p50).Microseconds()), "added-p50-µs")
+		b.ReportMetric(float64((l.p99 - direct1.p99).Microseconds()), "added-p99-µs")
 	})
 	b.Run("builtin", func(b *testing.B) {
 		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)

@@ -62,12 +62,18 @@ type endpointRig struct {
 // newEndpointRig starts the rig on rdb. maxParallel is the task's
 // FAREGATE_AGENT_MAX_PARALLEL.
 func newEndpointRig(tb testing.TB, rdb redis.UniversalClient, upstream http.HandlerFunc, maxParallel int) *endpointRig {
-	tb.Helper()
-	tokens.ForModel(endpointModel) // the tables load once, at start-up in faregate
-	ctx := context.Background()
 	// As newRedis makes run's clients: the governed call's round trips go
 	// as one pipeline (per node).
 	rdb.AddHook(redisbatch.New(rdb))
+	return newEndpointRigOn(tb, rdb, upstream, maxParallel)
+}
+
+// newEndpointRigOn is newEndpointRig on rdb as it is (without
+// redisbatch's hook, each command of a round trip goes on its own).
+func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.HandlerFunc, maxParallel int) *endpointRig {
+	tb.Helper()
+	tokens.ForModel(endpointModel) // the tables load once, at start-up in faregate
+	ctx := context.Background()
 	r := &endpointRig{upstream: httptest.NewServer(upstream)}
 	tb.Cleanup(r.upstream.Close)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}}
