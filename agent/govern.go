@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -16,6 +15,7 @@ import (
 	"faregate/protect/budget"
 	"faregate/protect/codes"
 	"faregate/protect/ratelimit"
+	"faregate/protect/redisbatch"
 )
 
 // Governor makes governed model calls: one implementation of every
@@ -110,7 +110,27 @@ type Spec struct {
 	Label string
 	// Logger, when set, is the call's logger (with the task's attributes).
 	Logger *slog.Logger
+	// Hold, when set, is the caller's own booking for the call (the model
+	// endpoint's per-task call count and parallel slot, its step): the
+	// Governor sends it with its own bookings, in the same round trip, and
+	// takes its answer first (a refusal is returned as it is, and what was
+	// booked beside it is given back). The end it returns is called once:
+	// with the settle, in its round trip, when an attempt answered; else
+	// with the give-back when the call is refused or fails after the hold.
+	// Without a budget that can withdraw a reserve it is asked first, on
+	// its own.
+	Hold func(ctx context.Context) (end HoldEnd, err error)
+	// After, when set, is the caller's own write once the call is over
+	// (the model endpoint's step), told how it ended like a HoldEnd: it
+	// runs beside the settle, in its round trip, or beside the give-back;
+	// never when the Hold refused the call.
+	After HoldEnd
 }
+
+// HoldEnd ends a Spec.Hold, told how the call ended: out as Call returns
+// it (Model, Charged, Waited filled in), err nil when an attempt answered.
+// It must not block longer than its own Redis work.
+type HoldEnd func(ctx context.Context, out Outcome, err error)
 
 // Attempt is one try on one model, under a reservation.
 type Attempt struct {
@@ -188,9 +208,26 @@ func (g *Governor) Call(ctx context.Context, spec Spec, attempt func(ctx context
 		c.lg = g.d.Logger
 	}
 	out, err := c.do(ctx)
-	c.release(ctx)
 	out.Charged, out.Waited = c.usage, c.waited
+	c.release(ctx, c.ends(out, err)...)
 	return out, err
+}
+
+// ends are the hold's end and the caller's after-call write (Spec.After),
+// for a round trip of the Governor's, each told out and err: the hold's
+// when it was taken and has not ended, After once unless the hold refused
+// the call.
+func (c *governedCall) ends(out Outcome, err error) []func(ctx context.Context) {
+	var fns []func(ctx context.Context)
+	if end := c.held; end != nil {
+		c.held = nil
+		fns = append(fns, func(ctx context.Context) { end(context.WithoutCancel(ctx), out, err) })
+	}
+	if after := c.spec.After; after != nil && !c.afterDone && !c.holdRefused {
+		c.afterDone = true
+		fns = append(fns, func(ctx context.Context) { after(context.WithoutCancel(ctx), out, err) })
+	}
+	return fns
 }
 
 // governedCall is one Call, from its reservation to its settlement,
@@ -227,6 +264,11 @@ type governedCall struct {
 	withdraw *budget.Request
 	// waited is how long the call waited for tokens, in both buckets.
 	waited time.Duration
+	// held is the end of Spec.Hold's booking (nil: none, or ended);
+	// holdRefused is set when the hold refused the call, afterDone once
+	// Spec.After ran.
+	held                   HoldEnd
+	holdRefused, afterDone bool
 }
 
 // bucketTake is tokens taken from a bucket (by BeforeCall or Pace): the
@@ -341,6 +383,14 @@ func (c *governedCall) book(ctx context.Context, model string) error {
 // one before it let the call through: a spike or a bucket refusal books
 // nothing at all, a refused reservation no turn.
 func (c *governedCall) bookInOrder(ctx context.Context, model string) error {
+	if h := c.spec.Hold; h != nil && c.held == nil {
+		end, err := h(ctx)
+		if err != nil {
+			c.holdRefused = true
+			return err
+		}
+		c.held = end
+	}
 	for {
 		wait, err := c.takeOnce(ctx)
 		if err != nil {
@@ -402,21 +452,45 @@ func (c *governedCall) bookAtOnce(ctx context.Context, model string, w withdrawe
 	bucket, pacing := g.d.Limiter != nil, g.d.Limiter != nil && g.cfg.SiteTokensPerMinute > 0
 	var ask bucketAsk
 	var turn paceAsk
-	var wg sync.WaitGroup
+	var held HoldEnd
+	var holdErr error
+	var res budget.Reservation
+	var resErr error
+	wave := []func(context.Context){func(ctx context.Context) { res, resErr = g.d.Budget.Reserve(ctx, req) }}
+	// The hold is taken once per call: a bucket wait asks again for the
+	// rest only.
+	holding := c.spec.Hold != nil && c.held == nil
+	if holding {
+		wave = append(wave, func(ctx context.Context) { held, holdErr = c.spec.Hold(ctx) })
+	}
 	if bucket {
-		wg.Go(func() { ask = c.askBucket(ctx) })
+		wave = append(wave, func(ctx context.Context) { ask = c.askBucket(ctx) })
 	}
 	if pacing {
-		wg.Go(func() { turn = c.askPace(ctx) })
+		wave = append(wave, func(ctx context.Context) { turn = c.askPace(ctx) })
 	}
-	res, resErr := g.d.Budget.Reserve(ctx, req)
-	wg.Wait()
+	redisbatch.Run(ctx, wave...)
 	// Whatever was booked is the call's now: release gives it back unless
 	// an attempt uses it.
 	if pacing && turn.err == nil {
 		c.paced = &bucketTake{op: turn.op, amount: turn.amount}
 	}
+	if bucket && ask.err == nil && ask.d.Taken {
+		c.take = &bucketTake{op: ask.op, amount: ask.amount}
+	}
+	if holding {
+		if holdErr != nil {
+			// The caller's refusal comes first: the rest is given back as
+			// if it had never been asked (no alert, no spike).
+			c.withdraw = &req
+			c.holdRefused = true
+			c.release(ctx)
+			return 0, holdErr
+		}
+		c.held = held
+	}
 	if bucket {
+		c.take = nil // bucketAnswer books it again, in the contract's order
 		wait, err := c.bucketAnswer(ctx, ask)
 		if err != nil || wait > 0 {
 			c.withdraw = &req
@@ -676,14 +750,15 @@ func bucketName(scope string) string {
 // outright, or by an attempt that never began; and it settles the
 // principal's bucket with what the attempts were charged (all of the take
 // back when nothing reached a model, the excess recorded as overage when
-// more did).
-func (c *governedCall) release(ctx context.Context) {
-	// Independent scripts on three slots: sent at once, one round trip.
-	var wg sync.WaitGroup
+// more did). also run in the same round trip (the hold's end, After).
+func (c *governedCall) release(ctx context.Context, also ...func(ctx context.Context)) {
+	// Independent scripts on up to six slots: sent at once, one round
+	// trip (one pipeline, on a client with redisbatch's hook).
+	wave := also
 	if req := c.withdraw; req != nil {
 		c.withdraw = nil
 		w := c.g.d.Budget.(withdrawer)
-		wg.Go(func() {
+		wave = append(wave, func(ctx context.Context) {
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.SettleTimeout)
 			defer cancel()
 			if _, err := w.Withdraw(wctx, *req); err != nil {
@@ -693,18 +768,20 @@ func (c *governedCall) release(ctx context.Context) {
 	}
 	if t := c.paced; t != nil {
 		c.paced = nil
-		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, t, 0) })
+		wave = append(wave, func(ctx context.Context) { c.settleBucket(ctx, ratelimit.SiteScope, c.g.cfg.SiteTokensPerMinute, t, 0) })
 	}
 	if t := c.take; t != nil {
 		c.take = nil
 		charged := c.charged
-		wg.Go(func() {
+		wave = append(wave, func(ctx context.Context) {
 			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, charged)
 		})
 	}
-	// The give-back's settle raises its alerts on this goroutine.
-	c.giveBack(ctx)
-	wg.Wait()
+	if c.resOpen {
+		// The give-back's settle is the only one that raises alerts.
+		wave = append(wave, c.giveBack)
+	}
+	redisbatch.Run(ctx, wave...)
 }
 
 // try is one attempt on model mdl under the call's open reservation,
@@ -780,20 +857,29 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 	c.usage.PromptTokens += promptUsed
 	c.usage.CompletionTokens += completion
 	var s budget.Settlement
-	var wg sync.WaitGroup
-	wg.Go(func() { s = c.settle(ctx, res, call) })
+	wave := []func(context.Context){func(ctx context.Context) { s = c.settle(ctx, res, call) }}
 	if t := c.paced; t != nil {
 		c.paced = nil
-		wg.Go(func() { c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, charge) })
+		wave = append(wave, func(ctx context.Context) {
+			c.settleBucket(ctx, ratelimit.SiteScope, g.cfg.SiteTokensPerMinute, t, charge)
+		})
 	}
 	if t := c.take; t != nil && ok {
 		c.take = nil
 		total := c.charged
-		wg.Go(func() {
+		wave = append(wave, func(ctx context.Context) {
 			c.settleBucket(ctx, principalScope(c.spec.Principal.ID), c.spec.Principal.TokensPerMinute, t, total)
 		})
 	}
-	wg.Wait()
+	if ok {
+		// The attempt answered: no fallback follows, and the hold and the
+		// caller's after-call write end with the settle. Their Outcome is
+		// the one Call returns.
+		o := out
+		o.Model, o.FellBack, o.Charged, o.Waited = mdl, mdl.Name != g.d.Models.Primary.Name, c.usage, c.waited
+		wave = append(wave, c.ends(o, nil)...)
+	}
+	redisbatch.Run(ctx, wave...)
 	if g.d.Ledger != nil {
 		entry.CostMicro, entry.OverageTokens, entry.OverageCostMicro = s.CostMicro, s.OverageTokens, s.OverageCostMicro
 		g.d.Ledger.Count(entry)

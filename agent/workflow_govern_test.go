@@ -339,3 +339,78 @@ func TestGovernorNoFallbackAfterStart(t *testing.T) {
 // simulateLatency stands for a network's round trip inside a Redis hook:
 // the time passing is what the tests measure, not a wait for an event.
 func simulateLatency(d time.Duration) { time.Sleep(d) }
+
+// TestGovernorHold: a caller's hold (the model endpoint's task slot) goes
+// with the Governor's bookings. When it refuses, its error comes back as
+// it is, no attempt is made and nothing stays booked (the reservation
+// withdrawn, the bucket's take and the turn given back); when the
+// Governor refuses after it, or the attempt fails, its end is told so,
+// once; when the attempt answers, its end gets the call's outcome.
+func TestGovernorHold(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		inOrder bool
+	}{{"at once", false}, {"in order", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := redistest.Mini(t).Client
+			g, spec := governedRigOn(rdb, tc.inOrder)
+			bud := budget.New(rdb, budget.Options{})
+			ctx := context.Background()
+			held := func(refuse error) (*[]error, *[]Outcome) {
+				var errs []error
+				var outs []Outcome
+				spec.Hold = func(context.Context) (HoldEnd, error) {
+					if refuse != nil {
+						return nil, refuse
+					}
+					return func(_ context.Context, out Outcome, err error) {
+						outs = append(outs, out)
+						errs = append(errs, err)
+					}, nil
+				}
+				return &errs, &outs
+			}
+			attempts := 0
+			counting := func(ctx context.Context, a Attempt) (Outcome, error) {
+				attempts++
+				return reported(ctx, a)
+			}
+			nothingHeld := func(when string) {
+				t.Helper()
+				u, err := bud.Usage(ctx, budget.UsageQuery{Day: spec.Principal.Day, Principal: spec.Principal.ID, Task: spec.TaskID})
+				if err != nil || u.Task.Outstanding != 0 || u.Principal.Outstanding != 0 {
+					t.Fatalf("%s: task %+v principal %+v, %v; want nothing outstanding", when, u.Task, u.Principal, err)
+				}
+			}
+
+			tooMany := errors.New("too many calls")
+			held(tooMany)
+			if _, err := g.Call(ctx, spec, counting); !errors.Is(err, tooMany) || attempts != 0 {
+				t.Fatalf("refused hold: %v, %d attempts", err, attempts)
+			}
+			nothingHeld("after a refused hold")
+
+			errs, outs := held(nil)
+			out, err := g.Call(ctx, spec, counting)
+			if err != nil || attempts != 1 || len(*errs) != 1 || (*errs)[0] != nil ||
+				(*outs)[0].Charged != out.Charged || (*outs)[0].Model.Name != out.Model.Name || out.Charged.PromptTokens != 480 {
+				t.Fatalf("answered call: %+v %v; hold ended %v %+v", out, err, *errs, *outs)
+			}
+
+			errs, _ = held(nil)
+			broken := errors.New("upstream reset")
+			_, err = g.Call(ctx, spec, func(context.Context, Attempt) (Outcome, error) { return Outcome{}, broken })
+			if !errors.Is(err, broken) || len(*errs) != 1 || !errors.Is((*errs)[0], broken) {
+				t.Fatalf("failed call: %v; hold ended %v", err, *errs)
+			}
+
+			errs, _ = held(nil)
+			spec.Principal.TokensPerDay = 100 // less than the prompt
+			_, err = g.Call(ctx, spec, counting)
+			if !errors.Is(err, budget.ErrExhausted) || attempts != 1 || len(*errs) != 1 || !errors.Is((*errs)[0], budget.ErrExhausted) {
+				t.Fatalf("refused by the budget: %v, %d attempts; hold ended %v", err, attempts, *errs)
+			}
+			nothingHeld("after a budget refusal")
+		})
+	}
+}

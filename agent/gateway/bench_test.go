@@ -27,7 +27,8 @@ import (
 //   - direct: the client calls the upstream itself;
 //   - proxy: a bare httputil.ReverseProxy, no checks at all;
 //   - gateway: this handler with a governor that only attempts (the
-//     integrator measures the governed call with Redis on top).
+//     whole governed endpoint on a real Redis is measured in
+//     cmd/faregate: BenchmarkGovernedEndpoint).
 // Each runs 32 concurrent non-streaming calls and reports p50 and p99
 // latency and requests per second; the stream variants report the time to
 // the first event.
@@ -41,6 +42,13 @@ const benchBody = `{"model":"gpt-4o-mini","messages":[{"role":"system","content"
 type passGov struct{ up Upstream }
 
 func (g passGov) Call(ctx context.Context, spec Spec, attempt func(context.Context, Attempt) (Outcome, error)) (Outcome, error) {
+	if spec.Hold != nil {
+		release, err := spec.Hold(ctx)
+		if err != nil {
+			return Outcome{}, err
+		}
+		defer release(ctx, true)
+	}
 	return attempt(ctx, Attempt{Model: spec.Model, Upstream: g.up, MaxOutput: 1000})
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -30,15 +31,6 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		h.o.WriteError(w, r, ErrModelNotAllowed)
 		return
 	}
-	// Embeddings are not model calls in FAREGATE_AGENT_MAX_CALLS' sense
-	// (the contract); their tokens are governed like any other.
-	var release func(bool)
-	if kind != KindEmbeddings && h.o.Limits != nil {
-		if release, err = h.o.Limits.Acquire(r.Context(), t); err != nil {
-			h.o.WriteError(w, r, err)
-			return
-		}
-	}
 	spec := Spec{TaskID: t.ID, Principal: t.Principal, Tier: t.Tier, Kind: kind,
 		Model: c.model, PromptTokens: c.prompt, MaxOutput: c.maxOut, Stream: c.stream}
 	if kind != KindEmbeddings {
@@ -50,8 +42,18 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	if h.o.RequestID != nil {
 		spec.RequestID = h.o.RequestID(r)
 	}
+	// Embeddings are not model calls in FAREGATE_AGENT_MAX_CALLS' sense
+	// (the contract); their tokens are governed like any other. The slot
+	// is the governor's to take, beside its own bookings (one round trip).
+	hold := &heldSlot{}
+	if kind != KindEmbeddings && h.o.Limits != nil {
+		spec.Hold = func(ctx context.Context) (func(context.Context, bool), error) { return hold.take(ctx, h.o.Limits, t) }
+	}
 	var used, started atomic.Bool
 	_, err = h.o.Governor.Call(r.Context(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
+		if spec.Hold != nil && !hold.taken() {
+			return Outcome{}, fmt.Errorf("%w: the governor did not take the call's slot", ErrLimitsUnavailable)
+		}
 		used.Store(true)
 		if started.Load() {
 			// A governor that retries after bytes reached the client
@@ -64,9 +66,7 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		}
 		return out, err
 	})
-	if release != nil {
-		release(used.Load())
-	}
+	hold.release(r.Context(), used.Load())
 	switch {
 	case err == nil:
 	case !started.Load() && r.Context().Err() != nil:
@@ -78,6 +78,46 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		// for the ledger and the breaker, which the governor has.
 		h.o.Logger.Debug("gateway: call ended after the answer started", "task", t.ID, "err", err)
 	}
+}
+
+// heldSlot is a call's slot of the task's limits, as the governor took it.
+type heldSlot struct {
+	mu   sync.Mutex
+	rel  func(context.Context, bool)
+	done bool
+}
+
+func (s *heldSlot) take(ctx context.Context, l Limiter, t Task) (func(context.Context, bool), error) {
+	if s.taken() {
+		return s.release, nil // one slot per call, however often asked
+	}
+	rel, err := l.Acquire(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.rel = rel
+	s.mu.Unlock()
+	return s.release, nil
+}
+
+func (s *heldSlot) taken() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rel != nil
+}
+
+// release ends the slot once (a second call does nothing).
+func (s *heldSlot) release(ctx context.Context, used bool) {
+	s.mu.Lock()
+	rel := s.rel
+	if s.done || rel == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.done = true
+	s.mu.Unlock()
+	rel(ctx, used)
 }
 
 // attempt makes one try on the upstream the governor chose.

@@ -61,6 +61,13 @@ const (
 // come back from Call as errors the handler passes to the error writer
 // unchanged. Call must settle the Outcome the attempt returns even when the
 // attempt also returns an error (a cut or broken stream still spent).
+//
+// When Spec.Hold is set (the task's call and parallelism limits), Call
+// takes it before the upstream call, in the same round trip as its own
+// bookings if it can, returns its refusal unchanged, and calls its release
+// once, with the settle if it can. An attempt made before the hold was
+// taken is refused (fail closed), and a release the Governor did not call
+// is called when Call returns.
 type Governor interface {
 	Call(ctx context.Context, spec Spec, attempt func(ctx context.Context, a Attempt) (Outcome, error)) (Outcome, error)
 }
@@ -86,6 +93,11 @@ type Spec struct {
 	MinOutput int64
 	// Stream: the client asked for SSE.
 	Stream bool
+	// Hold takes the call's slot of the task's limits (nil: none; it is
+	// set for chat and responses calls when Options.Limits is): release's
+	// used is false when no attempt was made (the call is then not
+	// counted); its ctx is the round trip's it rides in. See Governor.
+	Hold func(ctx context.Context) (release func(ctx context.Context, used bool), err error)
 }
 
 // Upstream is where an attempt goes.

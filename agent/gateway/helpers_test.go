@@ -51,9 +51,21 @@ func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Cont
 			g.done = nil
 		}
 	}()
+	// The slot is taken first and given back uncounted on a refusal, as
+	// the real governor does.
+	release := func(context.Context, bool) {}
+	if spec.Hold != nil {
+		rel, err := spec.Hold(ctx)
+		if err != nil {
+			return Outcome{}, err
+		}
+		release = rel
+	}
 	if g.refuse != nil {
+		release(ctx, false)
 		return Outcome{}, g.refuse
 	}
+	defer release(ctx, true)
 	a := Attempt{Model: spec.Model, Upstream: *g.up, MaxOutput: g.cap}
 	if g.model != "" {
 		a.Model = g.model

@@ -17,9 +17,11 @@ import (
 type Limiter interface {
 	// Acquire takes a slot for one chat or responses call of the task
 	// (ErrStepLimit, ErrTooManyCalls, ErrLimitsUnavailable). release ends
-	// it; with used false (the governor refused before any provider was
-	// asked) the call is not counted either. release is safe to call once.
-	Acquire(ctx context.Context, t Task) (release func(used bool), err error)
+	// it, on ctx (the values of the round trip it rides in; its
+	// cancellation is ignored); with used false (the governor refused
+	// before any provider was asked) the call is not counted either.
+	// release is safe to call more than once: the first call counts.
+	Acquire(ctx context.Context, t Task) (release func(ctx context.Context, used bool), err error)
 }
 
 // RedisLimits is the Limiter shared by every replica. The call count is a
@@ -94,7 +96,7 @@ return 1
 const defaultLease = 15 * time.Second
 
 // Acquire implements Limiter: one round trip.
-func (l *RedisLimits) Acquire(ctx context.Context, t Task) (func(bool), error) {
+func (l *RedisLimits) Acquire(ctx context.Context, t Task) (func(context.Context, bool), error) {
 	lease := l.Lease
 	if lease <= 0 {
 		lease = defaultLease
@@ -126,7 +128,7 @@ func (l *RedisLimits) Acquire(ctx context.Context, t Task) (func(bool), error) {
 	stop := make(chan struct{})
 	var once sync.Once
 	go l.renew(keys[1], slot, lease, stop)
-	return func(used bool) {
+	return func(ctx context.Context, used bool) {
 		once.Do(func() {
 			close(stop)
 			refund := "0"

@@ -36,19 +36,19 @@ func TestRedisLimits(t *testing.T) {
 			if d, _ := retryAfterOf(err); !errors.Is(err, ErrTooManyCalls) || d != time.Second {
 				t.Fatalf("third in flight: %v (retry %v)", err, d)
 			}
-			r1(false) // refused by the governor: not counted
-			r1(false) // twice is once
+			r1(ctx, false) // refused by the governor: not counted
+			r1(ctx, false) // twice is once
 			r3, err := l.Acquire(ctx, task)
 			if err != nil {
 				t.Fatalf("after a release: %v", err)
 			}
-			r2(true)
-			r3(true)
+			r2(ctx, true)
+			r3(ctx, true)
 			r4, err := l.Acquire(ctx, task)
 			if err != nil {
 				t.Fatalf("third call: %v", err)
 			}
-			r4(true)
+			r4(ctx, true)
 			_, err = l.Acquire(ctx, task)
 			if d, _ := retryAfterOf(err); !errors.Is(err, ErrStepLimit) || d < 80*time.Second {
 				t.Fatalf("fourth call: %v (retry %v, want the task's deadline)", err, d)
@@ -74,7 +74,7 @@ func TestRedisLimits(t *testing.T) {
 			waitFor(t, "the dead slots to lapse", func() bool {
 				r, err := l.Acquire(ctx, other)
 				if err == nil {
-					r(true)
+					r(ctx, true)
 				}
 				return err == nil
 			})
@@ -94,7 +94,7 @@ func TestRedisLimitsRenewLiveSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release(true)
+	defer release(ctx, true)
 	// Sampled every 50 ms for a second (over three leases): a property
 	// over time, not a wait for an event.
 	tick := time.NewTicker(50 * time.Millisecond)

@@ -541,6 +541,14 @@ func (k *Keys) watchLoop() {
 			switch {
 			case known && valid:
 				w.okAt = now
+				// The check is as good as Authenticate's: a key in use is
+				// not checked again on a call's critical path while its
+				// requests are open, and a cached answer is still never
+				// older than CacheFor.
+				if c, ok := k.cache[shas[i]]; ok && c.g.Task == id && c.until.Before(now.Add(k.o.CacheFor)) {
+					c.until = now.Add(k.o.CacheFor)
+					k.cache[shas[i]] = c
+				}
 				continue
 			case !known && now.Sub(w.okAt) < time.Second:
 				continue // Redis hiccup: fail closed only after a second

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -262,5 +263,87 @@ func TestKeyWrites(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the blocked reader did not wake")
+	}
+}
+
+// checkCount counts a client's single commands (Authenticate's checks)
+// and its pipelines (the watch loop's).
+type checkCount struct {
+	mu               sync.Mutex
+	single, pipeline int
+}
+
+func (h *checkCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *checkCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.single++
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *checkCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.mu.Lock()
+		h.pipeline++
+		h.mu.Unlock()
+		return err
+	}
+}
+
+func (h *checkCount) counts() (single, pipeline int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.single, h.pipeline
+}
+
+// TestKeyWatchKeepsCheckCached: while a task has a request open on a
+// replica, the watch loop's checks keep the key's cached answer fresh, so
+// the task's next call is not checked again on its critical path; the
+// answer is still never older than CacheFor (once nothing is watched, a
+// check past CacheFor goes to Redis).
+func TestKeyWatchKeepsCheckCached(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clock := clocktest.New(time.Now())
+	o := Options{CacheFor: 200 * time.Millisecond, WatchEvery: 20 * time.Millisecond, Now: clock.Now}
+	k := New(rdb, o)
+	ctx := context.Background()
+	rec, l := running(t, srv.Client(t), "replica-a")
+	key, err := k.Mint(ctx, l, rec, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &checkCount{}
+	rdb.AddHook(h)
+	g, err := k.Authenticate(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, done := k.Watch(ctx, g)
+	clock.Advance(2 * o.CacheFor) // past the first check's cache
+	_, p0 := h.counts()
+	// Two pipelines finished after the advance: the first's answer is in
+	// the cache by the time the second has run.
+	clocktest.Eventually(t, 5*time.Second, "the watch loop to check the key twice", func() bool {
+		_, p := h.counts()
+		return p >= p0+2
+	})
+	s0, _ := h.counts()
+	if _, err := k.Authenticate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := h.counts(); s != s0 {
+		t.Fatalf("a watched key was checked again on the call's path (%d commands)", s-s0)
+	}
+	done()
+	clock.Advance(2 * o.CacheFor)
+	if _, err := k.Authenticate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := h.counts(); s != s0+1 {
+		t.Fatalf("an unwatched key past CacheFor: %d commands; want 1 check", s-s0)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"faregate/agent"
@@ -51,8 +52,27 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 		PromptTokens: s.PromptTokens, MaxOutput: s.MaxOutput, Closing: true, MinOutput: max(s.MinOutput, 1),
 		Label: "v1 " + s.Kind,
 	}
+	// The task's slot rides in the Governor's round trip before the call,
+	// and its release and the call's step in the settle's after it: the
+	// endpoint adds no round trip of its own to the critical path.
+	var attempted atomic.Bool
+	spec.Hold = func(ctx context.Context) (agent.HoldEnd, error) {
+		release := func(context.Context, bool) {}
+		if s.Hold != nil {
+			rel, err := s.Hold(ctx)
+			if err != nil {
+				return nil, err
+			}
+			release = rel
+		}
+		return func(ctx context.Context, _ agent.Outcome, _ error) { release(ctx, attempted.Load()) }, nil
+	}
+	spec.After = func(ctx context.Context, out agent.Outcome, err error) {
+		e.record(ctx, s, out, err, time.Since(started))
+	}
 	var last gateway.Outcome
-	out, err := e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {
+	_, err = e.gov.Call(ctx, spec, func(ctx context.Context, a agent.Attempt) (agent.Outcome, error) {
+		attempted.Store(true)
 		ga := gateway.Attempt{
 			Model:    a.Model.Name,
 			Upstream: gateway.Upstream{BaseURL: a.Model.BaseURL, APIKey: a.Model.APIKey, Client: a.Model.HTTPClient},
@@ -78,7 +98,6 @@ func (e *governedEndpoint) Call(ctx context.Context, s gateway.Spec, attempt fun
 			FirstToken: o.Started || o.Counted > 0 || o.Usage.Reported,
 		}, err
 	})
-	e.record(ctx, s, out, err, time.Since(started))
 	if err != nil {
 		return last, endpointError(err)
 	}
@@ -173,18 +192,50 @@ func (t *taskPrincipals) principal(ctx context.Context, id string) (agent.Princi
 }
 
 // mountModels puts the model endpoint on the /v1 surface (nothing with the
-// built-in planner): every call governed by the workflow's Governor, held
-// to the task's call and parallelism limits across replicas, its step
-// posted through the task key like the agent's own events (the lease
-// holder numbers them and carries the warning).
+// built-in planner).
 func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, sp *spending, rn *runs) {
 	if x == nil {
 		return
 	}
-	keys := x.keys
-	gov := &governedEndpoint{
+	h := modelEndpoint(modelEndpointParts{
 		gov:       sp.workflow.Governor(),
 		principal: newTaskPrincipals(rn.store.Get).principal,
+		keys:      x.keys,
+		limits: &gateway.RedisLimits{Client: st.redis.main, MaxCalls: cfg.AgentMaxCalls, MaxParallel: cfg.AgentMaxParallel,
+			Logger: lg},
+		models:    []string{sp.models.Primary.Name},
+		embedding: cfg.EmbeddingModel,
+		maxBody:   cfg.V1MaxBody,
+		lg:        lg,
+	})
+	x.v1.Models = func(w http.ResponseWriter, r *http.Request) error {
+		h.ServeHTTP(w, r)
+		return nil
+	}
+}
+
+// modelEndpointParts is what the model endpoint is made of.
+type modelEndpointParts struct {
+	gov       *agent.Governor
+	principal func(ctx context.Context, taskID string) (agent.Principal, error)
+	keys      *taskkey.Keys
+	limits    gateway.Limiter
+	models    []string
+	embedding string
+	maxBody   int64
+	lg        *slog.Logger
+}
+
+// modelEndpoint is the model endpoint's handler, behind the task key's
+// check (the request's context carries the grant): every call governed by
+// the workflow's Governor, held to the task's call and parallelism limits
+// across replicas, its step posted through the task key like the agent's
+// own events (the lease holder numbers them and carries the warning).
+func modelEndpoint(p modelEndpointParts) http.Handler {
+	keys, lg, models := p.keys, p.lg, p.models
+	gov := &governedEndpoint{
+		gov:       p.gov,
+		principal: p.principal,
 		step: func(ctx context.Context, p taskkey.Posted) {
 			g, ok := taskkey.FromContext(ctx)
 			if !ok {
@@ -200,11 +251,9 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 			}
 		},
 	}
-	models := []string{sp.models.Primary.Name}
-	h := gateway.New(gateway.Options{
+	return gateway.New(gateway.Options{
 		Governor: gov,
-		Limits: &gateway.RedisLimits{Client: st.redis.main, MaxCalls: cfg.AgentMaxCalls, MaxParallel: cfg.AgentMaxParallel,
-			Logger: lg},
+		Limits:   p.limits,
 		Task: func(r *http.Request) (gateway.Task, bool) {
 			g, ok := taskkey.FromContext(r.Context())
 			if !ok {
@@ -214,12 +263,8 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 		},
 		WriteError:     api.WriteV1Error,
 		RequestID:      func(r *http.Request) string { return api.RequestID(r.Context()) },
-		EmbeddingModel: cfg.EmbeddingModel,
-		MaxBody:        cfg.V1MaxBody,
+		EmbeddingModel: p.embedding,
+		MaxBody:        p.maxBody,
 		Logger:         lg,
 	})
-	x.v1.Models = func(w http.ResponseWriter, r *http.Request) error {
-		h.ServeHTTP(w, r)
-		return nil
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/protect/quota"
+	"faregate/protect/redisbatch"
 )
 
 // redisClients are the connection pools to the one Redis (or cluster).
@@ -131,6 +132,9 @@ func newRedis(url string, cluster bool, o redisOptions) (redis.UniversalClient, 
 			opt.MaxRetries = o.retries
 		}
 		cc := redis.NewClusterClient(opt)
+		// First: the governed call's round trips go as one pipeline per
+		// node (protect/redisbatch).
+		cc.AddHook(redisbatch.New(cc))
 		cc.AddHook(newReloadHook(cc))
 		return cc, nil
 	}
@@ -145,7 +149,9 @@ func newRedis(url string, cluster bool, o redisOptions) (redis.UniversalClient, 
 	if o.retries != 0 {
 		opt.MaxRetries = o.retries
 	}
-	return redis.NewClient(opt), nil
+	c := redis.NewClient(opt)
+	c.AddHook(redisbatch.New(c)) // a governed call's round trip in one write
+	return c, nil
 }
 
 // reloadHook makes a cluster client notice a failover in seconds. go-redis

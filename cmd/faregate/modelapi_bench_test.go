@@ -1,0 +1,347 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"faregate/agent"
+	"faregate/agent/chat"
+	"faregate/protect/redistest"
+)
+
+// The speed targets of the model endpoint (issue 21), each compared in
+// the same run, in one process, on the same httptest upstream and one
+// private redis-server (run:
+//
+//	go test -run '^$' -bench 'GovernedEndpoint|GovernedOpenStreams' -benchtime 3s ./cmd/faregate
+//
+// ; like every benchmark, none runs without -bench):
+//   - direct: the client calls the upstream itself;
+//   - proxy: a bare httputil.ReverseProxy, no Redis at all;
+//   - endpoint: the model endpoint as run wires it (key check, the task's
+//     limits, the Governor with budget, ledger, both buckets, the step);
+//     endpoint-unbatched: the same on a client without redisbatch's hook;
+//   - builtin: the built-in planner's governed call (Governor.Call) whose
+//     attempt calls the upstream the same way the client does.
+//
+// 32 workers make non-streaming calls; each variant reports p50 and p99
+// latency, requests per second and, against direct, the added p50 and
+// p99 (added-p50-µs, added-p99-µs) and its throughput against proxy
+// (x-proxy).
+
+// speedClient is a client with enough idle connections for every worker.
+func speedClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}}
+}
+
+// latencies are one variant's results.
+type latencies struct {
+	p50, p99 time.Duration
+	rps      float64
+}
+
+// run32 makes b.N calls of call from 32 workers and reports p50, p99,
+// requests per second and the CPU each call cost this process
+// (cpu-µs/op) and the redis-server (redis-cpu-µs/op, when rdb is set):
+// on a machine other work shares, the CPU is the figure queueing does not
+// blur. call returns the latency it measured.
+func run32(b *testing.B, rdb *redis.Client, call func() (time.Duration, error)) latencies {
+	return runN(b, 32, rdb, call)
+}
+
+// runN is run32 with workers workers.
+func runN(b *testing.B, workers int, rdb *redis.Client, call func() (time.Duration, error)) latencies {
+	lat := make([][]time.Duration, workers)
+	next := make(chan struct{}, b.N)
+	for range b.N {
+		next <- struct{}{}
+	}
+	close(next)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start, cpu0, rcpu0 := time.Now(), processCPU(), redisCPU(b, rdb)
+	for w := range workers {
+		wg.Go(func() {
+			for range next {
+				d, err := call()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				lat[w] = append(lat[w], d)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+	if rdb != nil {
+		b.ReportMetric(float64((redisCPU(b, rdb)-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) == 0 {
+		return latencies{}
+	}
+	l := latencies{p50: all[len(all)/2], p99: all[len(all)*99/100], rps: float64(len(all)) / elapsed.Seconds()}
+	b.ReportMetric(float64(l.p50.Microseconds()), "p50-µs")
+	b.ReportMetric(float64(l.p99.Microseconds()), "p99-µs")
+	b.ReportMetric(l.rps, "req/s")
+	return l
+}
+
+// httpCall posts body to u (with key as the bearer, if set) and times it:
+// to the whole answer, or with first to the first line of the stream.
+func httpCall(client *http.Client, u, key, body string, first bool) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		t0 := time.Now()
+		req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var d time.Duration
+		if first {
+			rd := bufio.NewReader(resp.Body)
+			if _, err := rd.ReadString('\n'); err != nil {
+				return 0, err
+			}
+			d = time.Since(t0)
+			_, _ = io.Copy(io.Discard, rd)
+		} else {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			d = time.Since(t0)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return d, nil
+	}
+}
+
+// speedRig is the rig on a private redis-server, with a bare proxy to the
+// same upstream beside it.
+func speedRig(b *testing.B, upstream http.HandlerFunc, maxParallel int) (*endpointRig, *httptest.Server, *redis.Client) {
+	redistest.Require(b)
+	srv := redistest.Start(b)
+	rig := newEndpointRig(b, srv.Client(b), upstream, maxParallel)
+	target, _ := url.Parse(rig.upstream.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = speedClient().Transport
+	proxy := httptest.NewServer(rp)
+	b.Cleanup(proxy.Close)
+	return rig, proxy, srv.Client(b)
+}
+
+func BenchmarkGovernedEndpoint(b *testing.B) {
+	rig, proxy, rdb := speedRig(b, answerJSON, 64)
+	path := "/v1/chat/completions"
+	var direct, bare latencies
+	added := func(b *testing.B, l latencies) {
+		b.ReportMetric(float64((l.p50 - direct.p50).Microseconds()), "added-p50-µs")
+		b.ReportMetric(float64((l.p99 - direct.p99).Microseconds()), "added-p99-µs")
+		if bare.rps > 0 {
+			b.ReportMetric(l.rps/bare.rps, "x-proxy")
+		}
+	}
+	b.Run("direct", func(b *testing.B) {
+		direct = run32(b, rdb, httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false))
+	})
+	b.Run("proxy", func(b *testing.B) {
+		bare = run32(b, rdb, httpCall(speedClient(), proxy.URL+path, "", endpointBody, false))
+		added(b, bare)
+	})
+	b.Run("endpoint", func(b *testing.B) {
+		added(b, run32(b, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false)))
+	})
+	// The same endpoint on a client without redisbatch's hook: each
+	// command of a round trip on a connection of its own (the cost the
+	// hook saves).
+	b.Run("endpoint-unbatched", func(b *testing.B) {
+		plain := newEndpointRigOn(b, redis.NewClient(rdb.Options()), answerJSON, 64)
+		added(b, run32(b, rdb, httpCall(speedClient(), plain.endpoint.URL+path, plain.key, endpointBody, false)))
+	})
+	// One call at a time: the overhead without the queueing that 32
+	// callers on a 2-core machine make.
+	var direct1 latencies
+	b.Run("direct-serial", func(b *testing.B) {
+		direct1 = runN(b, 1, rdb, httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false))
+	})
+	b.Run("endpoint-serial", func(b *testing.B) {
+		l := runN(b, 1, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false))
+		b.ReportMetric(float64((l.p50 - direct1.p50).Microseconds()), "added-p50-µs")
+		b.ReportMetric(float64((l.p99 - direct1.p99).Microseconds()), "added-p99-µs")
+	})
+	b.Run("builtin", func(b *testing.B) {
+		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
+		added(b, run32(b, rdb, func() (time.Duration, error) {
+			t0 := time.Now()
+			_, err := rig.gov.Call(context.Background(), rig.spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
+				if _, err := up(); err != nil {
+					return agent.Outcome{}, err
+				}
+				return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
+			})
+			return time.Since(t0), err
+		}))
+	})
+}
+
+// streamJSON is an upstream that streams five chunks, the first flushed
+// at once, then the usage and [DONE].
+func streamJSON(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range 5 {
+		_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"word "}}]}`+"\n\n")
+		if i == 0 {
+			w.(http.Flusher).Flush()
+		}
+	}
+	_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":5,"total_tokens":25}}`+"\n\n")
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// BenchmarkGovernedEndpointStream is the time to the first event of a
+// stream (TTFT), direct and through the endpoint (added-p50-µs).
+func BenchmarkGovernedEndpointStream(b *testing.B) {
+	rig, _, rdb := speedRig(b, streamJSON, 64)
+	path := "/v1/chat/completions"
+	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	var direct latencies
+	b.Run("direct", func(b *testing.B) {
+		direct = run32(b, rdb, httpCall(speedClient(), rig.upstream.URL+path, "", body, true))
+	})
+	b.Run("endpoint", func(b *testing.B) {
+		l := run32(b, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, body, true))
+		b.ReportMetric(float64((l.p50 - direct.p50).Microseconds()), "added-p50-µs")
+	})
+}
+
+// BenchmarkGovernedOpenStreams holds 1,000 streams of one task open at
+// once through the endpoint (FAREGATE_AGENT_MAX_PARALLEL raised to let
+// them) and reports the memory each costs: the whole process (client,
+// endpoint and upstream sides) and, against the same 1,000 streams opened
+// directly on the upstream, the endpoint's own part.
+func BenchmarkGovernedOpenStreams(b *testing.B) {
+	const n = 1000
+	release := make(chan struct{})
+	rig, _, _ := speedRig(b, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"first "}}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}, 2*n)
+	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	open := func(u, key string) (func(), uint64) {
+		client := speedClient()
+		base := inUse()
+		bodies := make([]io.ReadCloser, 0, n)
+		var mu sync.Mutex
+		var ready sync.WaitGroup
+		for range n {
+			ready.Go(func() {
+				req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				if key != "" {
+					req.Header.Set("Authorization", "Bearer "+key)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if resp.StatusCode != http.StatusOK {
+					b.Errorf("status %d", resp.StatusCode)
+				}
+				if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+					b.Error(err)
+				}
+				mu.Lock()
+				bodies = append(bodies, resp.Body)
+				mu.Unlock()
+			})
+		}
+		ready.Wait()
+		used := inUse() - base
+		return func() {
+			for _, bd := range bodies {
+				bd.Close()
+			}
+			client.CloseIdleConnections()
+		}, used
+	}
+	path := "/v1/chat/completions"
+	for range b.N {
+		closeDirect, direct := open(rig.upstream.URL+path, "")
+		closeDirect()
+		closeEp, total := open(rig.endpoint.URL+path, rig.key)
+		closeEp()
+		b.ReportMetric(float64(total)/n, "B/stream-all")
+		b.ReportMetric((float64(total)-float64(direct))/n, "B/stream-endpoint")
+	}
+	close(release)
+}
+
+// processCPU is the CPU this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPU is the CPU the redis-server has used (INFO cpu), 0 without rdb.
+func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	if rdb == nil {
+		return 0
+	}
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// inUse is the memory in use after a collection: heap and goroutine
+// stacks.
+func inUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
+}

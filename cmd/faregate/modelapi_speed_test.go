@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"faregate/agent"
+	"faregate/agent/gateway"
+	"faregate/agent/task"
+	"faregate/agent/taskkey"
+	"faregate/agent/taskstore"
+	"faregate/agent/tokens"
+	"faregate/protect/budget"
+	"faregate/protect/policy"
+	"faregate/protect/ratelimit"
+	"faregate/protect/redisbatch"
+	"faregate/protect/redistest"
+)
+
+// The model endpoint as run wires it (modelEndpoint), on a real Redis:
+// the task key's check, the task's call and parallel limits
+// (RedisLimits), the workflow's Governor with the real budget, ledger,
+// principal bucket and site pacing, and the model step on the task's
+// inbox. Its speed is measured against the same httptest upstream called
+// directly and through a bare httputil.ReverseProxy (speed_bench_test.go).
+
+const endpointModel = "gpt-4o-mini"
+
+const endpointAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Lisbon has seven hills and a good tram."},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":10,"total_tokens":30}}`
+
+const endpointBody = `{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You plan trips."},{"role":"user","content":"Three days in Lisbon, food and history."}],"max_tokens":200}`
+
+// answerJSON is an upstream that answers every call at once.
+func answerJSON(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, endpointAnswer)
+}
+
+// endpointRig is one running external task and the model endpoint its
+// key calls, in front of an httptest upstream.
+type endpointRig struct {
+	upstream *httptest.Server
+	endpoint *httptest.Server
+	key      string
+	gov      *agent.Governor
+	spec     agent.Spec // a built-in planner's call of the same task
+	// served, when set, is told when a request's handler has returned
+	// (the settle comes after the answer reached the client).
+	served func()
+}
+
+// newEndpointRig starts the rig on rdb. maxParallel is the task's
+// FAREGATE_AGENT_MAX_PARALLEL.
+func newEndpointRig(tb testing.TB, rdb redis.UniversalClient, upstream http.HandlerFunc, maxParallel int) *endpointRig {
+	// As newRedis makes run's clients: the governed call's round trips go
+	// as one pipeline (per node).
+	rdb.AddHook(redisbatch.New(rdb))
+	return newEndpointRigOn(tb, rdb, upstream, maxParallel)
+}
+
+// newEndpointRigOn is newEndpointRig on rdb as it is (without
+// redisbatch's hook, each command of a round trip goes on its own).
+func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.HandlerFunc, maxParallel int) *endpointRig {
+	tb.Helper()
+	tokens.ForModel(endpointModel) // the tables load once, at start-up in faregate
+	ctx := context.Background()
+	r := &endpointRig{upstream: httptest.NewServer(upstream)}
+	tb.Cleanup(r.upstream.Close)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}}
+
+	models := &agent.Models{Primary: agent.Model{Name: endpointModel, BaseURL: r.upstream.URL + "/v1", HTTPClient: client}}
+	d := agent.Deps{
+		Models:  models,
+		Budget:  budget.New(rdb, budget.Options{Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}}),
+		Ledger:  budget.NewLedger(rdb, time.Now),
+		Limiter: ratelimit.New(rdb, ratelimit.Options{}),
+	}
+	r.gov = agent.NewGovernor(agent.Config{MaxSteps: 8, MaxTokens: 1000, SiteTokensPerMinute: 1_000_000_000}, d)
+
+	store := taskstore.New(rdb)
+	now := time.Now().UTC()
+	rec := task.Record{Task: task.Task{ID: task.NewID(), Status: task.StatusQueued, CreatedAt: now, UpdatedAt: now,
+		Steps: []task.Step{}, Warnings: []string{}}, Principal: "v_speed", Tier: "public", Day: now.Format("2006-01-02"),
+		Limits: task.Limits{TokensPerDay: 1 << 40, TokensPerMinute: 1_000_000_000, TierTokens: 1 << 40}}
+	if err := store.Create(ctx, rec); err != nil {
+		tb.Fatal(err)
+	}
+	lease, _, err := store.Acquire(ctx, taskstore.Entry{ID: "1-1", Task: rec.ID}, "replica-a")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	keys := taskkey.New(rdb, taskkey.Options{})
+	if r.key, err = keys.Mint(ctx, lease, rec, now.Add(time.Hour)); err != nil {
+		tb.Fatal(err)
+	}
+	r.spec = agent.Spec{TaskID: rec.ID, Principal: agent.PrincipalOf(&rec), Kind: "chat", PromptTokens: 30, MaxOutput: 200, Label: "plan"}
+
+	h := modelEndpoint(modelEndpointParts{
+		gov: r.gov, principal: newTaskPrincipals(store.Get).principal, keys: keys,
+		limits: &gateway.RedisLimits{Client: rdb, MaxParallel: maxParallel},
+		models: []string{endpointModel}, lg: slog.New(slog.DiscardHandler),
+	})
+	// The key's check as api's v1Auth makes it (its Watch of open requests
+	// is a loop of its own, off the call's path, and left out here).
+	r.endpoint = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.served != nil {
+			defer r.served()
+		}
+		tok, _ := policy.BearerToken(req.Header)
+		g, err := keys.Authenticate(req.Context(), tok)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, req.WithContext(taskkey.WithGrant(req.Context(), g)))
+	}))
+	tb.Cleanup(r.endpoint.Close)
+	return r
+}
+
+// post makes one call on the endpoint with the task's key.
+func (r *endpointRig) post(tb testing.TB, client *http.Client, body string) {
+	req, _ := http.NewRequest(http.MethodPost, r.endpoint.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+r.key)
+	resp, err := client.Do(req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		tb.Fatalf("endpoint: %d %s", resp.StatusCode, b)
+	}
+}
+
+// rounds counts a client's sequential round trips: a command's round is
+// one more than the highest round of the commands that had finished when
+// it started, so commands sent at once share a round. Each is held for
+// hold after its reply, which makes "at once" independent of how fast a
+// busy machine schedules goroutines (agent's TestGovernedCallRoundTrips
+// counts the same way).
+type rounds struct {
+	hold time.Duration
+
+	mu       sync.Mutex
+	finished int
+	highest  int
+	base     int
+	names    []string
+	// pipelines counts the writes that carried more than one command.
+	pipelines int
+}
+
+func (h *rounds) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *rounds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		round := h.finished + 1
+		h.highest = max(h.highest, round)
+		h.names = append(h.names, nameOf(cmd))
+		h.mu.Unlock()
+		err := next(ctx, cmd)
+		time.Sleep(h.hold) // widens "at once"; the count does not depend on it
+		h.mu.Lock()
+		h.finished = max(h.finished, round)
+		h.mu.Unlock()
+		return err
+	}
+}
+
+// ProcessPipelineHook counts a pipeline as one command of one round, and
+// names its commands.
+func (h *rounds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		h.pipelines++
+		for _, c := range cmds[1:] {
+			h.names = append(h.names, nameOf(c))
+		}
+		h.mu.Unlock()
+		return h.ProcessHook(func(ctx context.Context, _ redis.Cmder) error { return next(ctx, cmds) })(ctx, cmds[0])
+	}
+}
+
+// nameOf names a command, a script by its keys.
+func nameOf(cmd redis.Cmder) string {
+	name := cmd.Name()
+	if len(cmd.Args()) > 1 && (name == "evalsha" || name == "eval") {
+		name += ":" + strings.Join(keysOf(cmd), ",")
+	}
+	return name
+}
+
+// keysOf names an EVALSHA's keys by what follows the hash tag.
+func keysOf(cmd redis.Cmder) []string {
+	args := cmd.Args()
+	var out []string
+	for _, a := range args[3:] {
+		s, _ := a.(string)
+		if !strings.HasPrefix(s, "faregate:") {
+			break
+		}
+		if i := strings.LastIndex(s, "}"); i >= 0 {
+			s = s[i+1:]
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// mark returns the rounds and commands since the last mark; every earlier
+// command has finished when it is called.
+func (h *rounds) mark() (n int, names []string, pipelines int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n, names, pipelines = h.highest-h.base, h.names, h.pipelines
+	h.base, h.names, h.pipelines = h.highest, nil, 0
+	return n, names, pipelines
+}
+
+// TestGovernedEndpointRoundTrips counts the Redis round trips on the
+// critical path of one call through the model endpoint, wired as run
+// wires it, on a real redis-server and a cluster (when cluster tests are
+// on): before the upstream call the task's slot (RedisLimits), the
+// principal's bucket, the reservation and the site's turn are one round
+// (the key's check is answered from the replica's cache, which it may
+// trust for 250 ms); after it the settle with its ledger line, the site's
+// turn, the principal's bucket, the slot's release and the model step are
+// one.
+func TestGovernedEndpointRoundTrips(t *testing.T) {
+	targets := []struct {
+		name string
+		rdb  func(t *testing.T) redis.UniversalClient
+	}{
+		{"redis", func(t *testing.T) redis.UniversalClient {
+			redistest.Require(t)
+			return redistest.Start(t).Client(t)
+		}},
+		{"cluster", func(t *testing.T) redis.UniversalClient {
+			redistest.WantCluster(t, false)
+			return redistest.SharedCluster(t).Client(t)
+		}},
+	}
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			rdb := tg.rdb(t)
+			h := &rounds{hold: 100 * time.Millisecond}
+			var before, beforePipes int
+			var beforeNames []string
+			counting := false
+			rig := newEndpointRig(t, rdb, func(w http.ResponseWriter, r *http.Request) {
+				if counting {
+					before, beforeNames, beforePipes = h.mark()
+				}
+				answerJSON(w, r)
+			}, 4)
+			done := make(chan struct{}, 1)
+			rig.served = func() { done <- struct{}{} }
+			client := &http.Client{}
+			// A first call loads the scripts and the task's principal, and
+			// the key's check fills the cache; then the counting starts.
+			rig.post(t, client, endpointBody)
+			<-done
+			rdb.AddHook(h)
+			counting = true
+			rig.post(t, client, endpointBody)
+			<-done
+			after, afterNames, afterPipes := h.mark()
+			t.Logf("before the upstream call: %d round trips (%d pipelines) %v; after: %d round trips (%d pipelines) %v",
+				before, beforePipes, beforeNames, after, afterPipes, afterNames)
+			if before != 1 || len(beforeNames) != 4 {
+				t.Fatalf("before the upstream call: %d round trips of %d commands; want the slot, the bucket, the reservation and the site's turn in 1", before, len(beforeNames))
+			}
+			if after != 1 || len(afterNames) != 5 {
+				t.Fatalf("after the upstream call: %d round trips of %d commands; want the settle, the site's turn, the bucket, the slot and the step in 1", after, len(afterNames))
+			}
+			// With redisbatch's hook each round is one write per node: one
+			// pipeline on a single redis-server.
+			if tg.name == "redis" && (beforePipes != 1 || afterPipes != 1) {
+				t.Fatalf("round trips written as %d and %d pipelines; want 1 each", beforePipes, afterPipes)
+			}
+			// Nothing is left booked: the slot is back, the call counted
+			// once, its step on the inbox.
+			ctx := context.Background()
+			if n, err := rdb.ZCard(ctx, gateway.InflightKey(rig.spec.TaskID)).Result(); err != nil || n != 0 {
+				t.Fatalf("slots in flight after the calls: %d, %v", n, err)
+			}
+			if n, err := rdb.Get(ctx, gateway.CallsKey(rig.spec.TaskID)).Int(); err != nil || n != 2 {
+				t.Fatalf("calls counted: %d, %v; want 2", n, err)
+			}
+			if n, err := rdb.XLen(ctx, "faregate:task:{"+rig.spec.TaskID+"}:inbox").Result(); err != nil || n != 2 {
+				t.Fatalf("model steps: %d, %v; want 2", n, err)
+			}
+		})
+	}
+}
