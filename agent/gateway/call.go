@@ -22,13 +22,13 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		h.o.WriteError(w, r, err)
 		return
 	}
-	c, err := parseCall(kind, body, h.o.EmbeddingModel)
+	allowed := func(m string) bool { return slices.Contains(t.Models, m) }
+	if kind == KindEmbeddings {
+		allowed = func(m string) bool { return m == h.o.EmbeddingModel }
+	}
+	c, err := parseCall(kind, body, allowed)
 	if err != nil {
 		h.o.WriteError(w, r, err)
-		return
-	}
-	if kind != KindEmbeddings && !slices.Contains(t.Models, c.model) {
-		h.o.WriteError(w, r, ErrModelNotAllowed)
 		return
 	}
 	spec := Spec{TaskID: t.ID, Principal: t.Principal, Tier: t.Tier, Kind: kind,
