@@ -22,13 +22,13 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		h.o.WriteError(w, r, err)
 		return
 	}
-	c, err := parseCall(kind, body, h.o.EmbeddingModel)
+	allowed := func(m string) bool { return slices.Contains(t.Models, m) }
+	if kind == KindEmbeddings {
+		allowed = func(m string) bool { return m == h.o.EmbeddingModel }
+	}
+	c, err := parseCall(kind, body, allowed)
 	if err != nil {
 		h.o.WriteError(w, r, err)
-		return
-	}
-	if kind != KindEmbeddings && !slices.Contains(t.Models, c.model) {
-		h.o.WriteError(w, r, ErrModelNotAllowed)
 		return
 	}
 	spec := Spec{TaskID: t.ID, Principal: t.Principal, Tier: t.Tier, Kind: kind,
@@ -50,6 +50,7 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		spec.Hold = func(ctx context.Context) (func(context.Context, bool), error) { return hold.take(ctx, h.o.Limits, t) }
 	}
 	var used, started atomic.Bool
+	var end heldEnd
 	_, err = h.o.Governor.Call(r.Context(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
 		if spec.Hold != nil && !hold.taken() {
 			return Outcome{}, fmt.Errorf("%w: the governor did not take the call's slot", ErrLimitsUnavailable)
@@ -60,13 +61,19 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 			// would send a second answer into the first.
 			return Outcome{Started: true}, fmt.Errorf("%w: attempt after the answer started", ErrUpstream)
 		}
-		out, err := h.attempt(ctx, w, c, a)
+		out, err := h.attempt(ctx, w, c, a, &end)
 		if out.Started {
 			started.Store(true)
 		}
 		return out, err
 	})
 	hold.release(r.Context(), used.Load())
+	// The answer completes for the client only now that the call is
+	// settled and its step written (they ride in the Governor's settle
+	// round trip): an agent that ends its task on the answer's last byte
+	// cannot end it before the call is on the task. It is written whatever
+	// Call returned: a settle that failed must not lose the answer.
+	end.write()
 	switch {
 	case err == nil:
 	case !started.Load() && r.Context().Err() != nil:
@@ -120,8 +127,38 @@ func (s *heldSlot) release(ctx context.Context, used bool) {
 	rel(ctx, used)
 }
 
-// attempt makes one try on the upstream the governor chose.
-func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a Attempt) (Outcome, error) {
+// heldEnd is the end of an answer, held back until the Governor has
+// settled the call: the whole of a JSON answer (read whole anyway, for its
+// usage), a stream's terminator ([DONE], the Responses terminal event).
+// Everything before a stream's terminator is relayed as it arrives, so
+// what is held is one event at the most (bounded by MaxEvent). An attempt
+// that holds an end reports Started: the answer is committed, and no
+// other attempt may follow.
+type heldEnd struct {
+	mu sync.Mutex
+	fn func()
+}
+
+func (e *heldEnd) hold(fn func()) {
+	e.mu.Lock()
+	e.fn = fn
+	e.mu.Unlock()
+}
+
+// write sends the held end, once.
+func (e *heldEnd) write() {
+	e.mu.Lock()
+	fn := e.fn
+	e.fn = nil
+	e.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+}
+
+// attempt makes one try on the upstream the governor chose; the answer's
+// end is left in end, for serveCall to write after the settle.
+func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, end *heldEnd) (Outcome, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // a relay that stops early hangs up on the provider
 	resp, err := h.send(ctx, c, a)
@@ -131,11 +168,11 @@ func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a
 	defer resp.Body.Close()
 	switch {
 	case c.stream && c.kind == KindChat:
-		return h.relayChat(ctx, w, c, a, resp.Body)
+		return h.relayChat(ctx, w, c, a, resp.Body, end)
 	case c.stream:
-		return h.relayResponses(ctx, w, c, a, resp.Body)
+		return h.relayResponses(ctx, w, c, a, resp.Body, end)
 	}
-	return h.answerJSON(ctx, w, c, a, resp.Body)
+	return h.answerJSON(ctx, w, c, a, resp.Body, end)
 }
 
 // upstreamPath is the provider path of each kind, under its base URL.
@@ -235,8 +272,8 @@ func (it *respItem) count(oc *outCounter) {
 }
 
 // answerJSON relays a non-streamed answer: read within MaxAnswer, checked,
-// counted, and sent on byte for byte.
-func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+// counted, and held in end to be sent on byte for byte once settled.
+func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, end *heldEnd) (Outcome, error) {
 	raw, err := readAtMost(body, 16<<10, h.o.MaxAnswer)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -268,15 +305,15 @@ func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call
 	}
 	out := Outcome{Counted: oc.Tokens(), Model: boundedName(ans.Model)}
 	out.Usage = h.usage(c, ans.Usage, out.Counted)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
-	w.WriteHeader(http.StatusOK)
 	out.Started = true
-	if _, err := w.Write(raw); err == nil {
-		// Out before the governor settles: the client's latency does not
-		// include the ledger's round trip.
-		_ = http.NewResponseController(w).Flush()
-	}
+	end.hold(func() {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write(raw); err == nil {
+			_ = http.NewResponseController(w).Flush()
+		}
+	})
 	return out, nil
 }
 

@@ -68,7 +68,8 @@ const (
 )
 
 // relayChat relays a chat completion stream event by event.
-func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+// The final data: [DONE] is left in held, for after the settle.
+func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, held *heldEnd) (Outcome, error) {
 	sw := newSSEWriter(w)
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
@@ -188,11 +189,16 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 			_ = sw.send("", usageChunk())
 		}
 	}
-	if end != endGone {
-		_ = sw.send("", []byte("[DONE]"))
-	}
 	sw.flush()
 	out.Started = sw.started
+	if end != endGone {
+		// The client's reader stops at [DONE]: it is the answer's end.
+		out.Started = true
+		held.hold(func() {
+			_ = sw.send("", []byte("[DONE]"))
+			sw.flush()
+		})
+	}
 	if end == endBroken {
 		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, brokenReason)
 	}

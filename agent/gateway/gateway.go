@@ -13,6 +13,14 @@
 // reasoning alike) and cut at the attempt's output limit, ending well
 // formed for the official clients' stream readers.
 //
+// An answer completes for the client only once the Governor's Call has
+// returned, its settle (and the task's model step) done: a JSON answer is
+// written then, whole; a stream's terminator ([DONE], the Responses
+// terminal event) is held until then, everything before it relayed as it
+// comes. An agent that ends its task on an answer's last byte cannot end
+// it before that call is on the task. The cost is the settle's round trip
+// on the last byte.
+//
 // The package owns none of the budget: a Governor (the same governed call
 // the built-in agent makes) reserves, paces, picks the primary or fallback
 // upstream and settles; this package makes the attempt it is handed and
@@ -150,7 +158,8 @@ type Outcome struct {
 	Counted int64
 	// Truncated: the stream was cut here (output limit, or the task ended).
 	Truncated bool
-	// Started: bytes reached the client; the governor must not retry.
+	// Started: bytes reached the client, or the answer is committed to it
+	// (held until Call returns); the governor must not retry.
 	Started bool
 	// Model is the model the provider said answered ("" when unknown).
 	Model string

@@ -36,6 +36,12 @@ type fakeGov struct {
 	errs     []error
 	done     chan struct{} // closed by the first Call's end, if set
 	ended    int
+	// settle, if set, runs where the real Governor settles the call and
+	// writes its step: after the attempts, before Call returns.
+	settle func()
+	// settleErr, if set, is returned by a call whose attempt answered (a
+	// settle that failed after the answer).
+	settleErr error
 }
 
 func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Context, Attempt) (Outcome, error)) (Outcome, error) {
@@ -80,6 +86,12 @@ func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Cont
 		a.Upstream, a.Fallback = *g.fallback, true
 		out, err = g.try(ctx, attempt, a)
 	}
+	if g.settle != nil {
+		g.settle()
+	}
+	if err == nil && g.settleErr != nil {
+		return out, g.settleErr
+	}
 	return out, err
 }
 
@@ -95,8 +107,9 @@ func (g *fakeGov) try(ctx context.Context, attempt func(context.Context, Attempt
 
 func (g *fakeGov) last(t *testing.T) (Spec, Attempt, Outcome, error) {
 	t.Helper()
-	// The answer reaches the client before Call ends (the settle is off
-	// the client's path): wait for every call begun to end.
+	// The answer completes after Call's settle, but the client may read
+	// it before Call's deferred bookkeeping here: wait for every call
+	// begun to end.
 	waitFor(t, "the governed calls to end", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()

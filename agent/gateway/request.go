@@ -155,8 +155,11 @@ type call struct {
 // and refused (the attempt's limit is far lower anyway).
 const maxOutputAsked = 1 << 40
 
-// parseCall checks a request body of kind.
-func parseCall(kind string, body []byte, embeddingModel string) (*call, error) {
+// parseCall checks a request body of kind. The model comes first, checked
+// with allowed before anything else of the body is read: a refused model
+// costs the JSON scan only, never a tokenizer's load or a prompt's count
+// (up to FAREGATE_V1_MAX_BODY of BPE), which no limit would hold.
+func parseCall(kind string, body []byte, allowed func(model string) bool) (*call, error) {
 	o, err := parseObject(body, "body")
 	if err != nil {
 		return nil, err
@@ -169,11 +172,11 @@ func parseCall(kind string, body []byte, embeddingModel string) (*call, error) {
 	if c.model, ok = asString(raw); !ok || c.model == "" {
 		return nil, invalid("model", "must be a non-empty string")
 	}
+	if !allowed(c.model) {
+		return nil, ErrModelNotAllowed
+	}
 	c.counter = tokens.ForModel(c.model)
 	if kind == KindEmbeddings {
-		if c.model != embeddingModel {
-			return nil, ErrModelNotAllowed
-		}
 		c.prompt, err = c.embeddingInput()
 		return c, err
 	}

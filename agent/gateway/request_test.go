@@ -2,14 +2,19 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"faregate/agent/tokens"
 )
 
 func okUpstream(t *testing.T) *scripted {
@@ -62,6 +67,13 @@ func TestRefusedParameters(t *testing.T) {
 		{"mcp tool", "/v1/responses", `{` + resp + `,"tools":[{"type":"function","name":"f"},{"type":"mcp","server_url":"https://x"}]}`, "400", "unsupported_parameter", "tools[1].type"},
 		{"unknown model", "/v1/chat/completions", `{"model":"gpt-5-pro","messages":[]}`, "400", "model_not_allowed", ""},
 		{"unknown model responses", "/v1/responses", `{"model":"o3","input":"x"}`, "400", "model_not_allowed", ""},
+		// The model is checked before anything of the prompt is read (or
+		// counted): a prompt no reader would take is not looked at.
+		{"unknown model, prompt unread", "/v1/chat/completions", `{"model":"gpt-4o","messages":"not an array"}`, "400", "model_not_allowed", ""},
+		{"unknown model, no prompt", "/v1/chat/completions", `{"model":"gpt-4o"}`, "400", "model_not_allowed", ""},
+		{"unknown model responses, input unread", "/v1/responses", `{"model":"gpt-4o","input":7}`, "400", "model_not_allowed", ""},
+		{"unknown model, before its parameters", "/v1/chat/completions", `{"model":"gpt-4o","n":2,"max_tokens":0}`, "400", "model_not_allowed", ""},
+		{"embeddings with a chat model, input unread", "/v1/embeddings", `{"model":"gpt-4o-mini","input":{"not":"text"}}`, "400", "model_not_allowed", ""},
 		{"malformed JSON", "/v1/chat/completions", `{"model":"gpt-4o-mini",`, "400", "invalid_request", "body"},
 		{"not an object", "/v1/chat/completions", `[1,2]`, "400", "invalid_request", "body"},
 		{"trailing data", "/v1/chat/completions", `{` + chat + `}{}`, "400", "invalid_request", "body"},
@@ -212,19 +224,55 @@ func TestForwardPatchesOnlyGovernedFields(t *testing.T) {
 // The prompt estimate uses the model's tokenizer and sees every part of a
 // request the provider charges for.
 func TestPromptEstimate(t *testing.T) {
-	c, err := parseCall(KindChat, []byte(`{"model":"gpt-4o","messages":[{"role":"system","content":"You are brief."},{"role":"user","content":[{"type":"text","text":"What is in this image?"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`), "")
+	c, err := parseCall(KindChat, []byte(`{"model":"gpt-4o","messages":[{"role":"system","content":"You are brief."},{"role":"user","content":[{"type":"text","text":"What is in this image?"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`), anyModel)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.prompt < imageTokens+10 {
 		t.Fatalf("image prompt %d", c.prompt)
 	}
-	r, err := parseCall(KindResponses, []byte(`{"model":"gpt-4o","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"hello there"}]},{"type":"function_call","name":"lookup","arguments":"{\"city\":\"Rome\"}","call_id":"c"},{"type":"function_call_output","call_id":"c","output":"sunny"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}`), "")
+	r, err := parseCall(KindResponses, []byte(`{"model":"gpt-4o","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"hello there"}]},{"type":"function_call","name":"lookup","arguments":"{\"city\":\"Rome\"}","call_id":"c"},{"type":"function_call_output","call_id":"c","output":"sunny"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}`), anyModel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, _ := parseCall(KindResponses, []byte(`{"model":"gpt-4o","input":"hello there"}`), "")
+	plain, _ := parseCall(KindResponses, []byte(`{"model":"gpt-4o","input":"hello there"}`), anyModel)
 	if r.prompt <= plain.prompt+10 {
 		t.Fatalf("items and tools were not counted: %d vs %d", r.prompt, plain.prompt)
+	}
+}
+
+func anyModel(string) bool { return true }
+
+// BenchmarkRefusedModel is what a refused model costs beside what a body
+// the JSON reader refuses costs, both of the same 1.5 MiB of prompt (run:
+// go test -run '^$' -bench RefusedModel -benchtime 5x ./agent/gateway).
+// The model is checked before the prompt is read and counted, so both are
+// the JSON scan of the body; counting it (o200k, the allowed model's
+// encoding, loaded before) costs tens of times more. Each op's prompt
+// differs (its first bytes, at random), as an agent burning CPU would send
+// it: the tokenizer's memo must not hide the count.
+func BenchmarkRefusedModel(b *testing.B) {
+	tokens.ForModel(testModel)
+	h := New(Options{Governor: &fakeGov{}, WriteError: writeTestError,
+		Task: func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true }})
+	prompt := strings.Repeat("Lisbon has seven hills, yellow trams and custard tarts. ", 1536<<10/56)
+	for _, c := range []struct{ name, body, code string }{
+		{"model=gpt-4o", `{"model":"gpt-4o","messages":[{"role":"user","content":"` + prompt + `"}]}`, "model_not_allowed"},
+		{"baseline=trailing-data", `{"model":"` + testModel + `","messages":[{"role":"user","content":"` + prompt + `"}]} {}`, "invalid_request"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			body := []byte(c.body)
+			at := strings.Index(c.body, "Lisbon")
+			for b.Loop() {
+				copy(body[at:], fmt.Sprintf("%016x", rand.Uint64()))
+				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				if w.Code != 400 || !strings.Contains(w.Body.String(), c.code) {
+					b.Fatalf("%d %s", w.Code, w.Body.String())
+				}
+			}
+		})
 	}
 }

@@ -136,8 +136,10 @@ func kindOf(ev *respEvent) byte {
 	return byte(h) | 1 // never 0
 }
 
-// relayResponses relays a Responses stream event by event.
-func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader) (Outcome, error) {
+// relayResponses relays a Responses stream event by event. The terminal
+// event (response.completed, response.incomplete, response.failed: the
+// official clients act on it) is left in held, for after the settle.
+func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, held *heldEnd) (Outcome, error) {
 	sw := newSSEWriter(w)
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
@@ -151,6 +153,7 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		brokenReason string
 		terminal     bool
 		failed       bool // the provider's own terminal event was response.failed
+		last         sseOut
 	)
 	for {
 		raw, err := rd.next()
@@ -202,12 +205,13 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		if safeName(ev.Type) {
 			name = ev.Type
 		}
-		if sw.send(name, oneLine(data)) != nil {
-			end = endGone
+		if terminal {
+			// Copied: data is the reader's buffer.
+			last, end = sseOut{name, append([]byte(nil), oneLine(data)...)}, endDone
 			break
 		}
-		if terminal {
-			end = endDone
+		if sw.send(name, oneLine(data)) != nil {
+			end = endGone
 			break
 		}
 	}
@@ -225,12 +229,19 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		out.Truncated = true
 	case endCut:
 		out.Truncated = true
-		h.endResponses(sw, st, a, out.Usage, reasoning.Tokens(), "incomplete")
+		last = h.endResponses(sw, st, a, out.Usage, reasoning.Tokens(), "incomplete")
 	case endBroken:
-		h.endResponses(sw, st, a, out.Usage, reasoning.Tokens(), "failed")
+		last = h.endResponses(sw, st, a, out.Usage, reasoning.Tokens(), "failed")
 	}
 	sw.flush()
 	out.Started = sw.started
+	if end != endGone {
+		out.Started = true
+		held.hold(func() {
+			_ = sw.send(last.name, last.data)
+			sw.flush()
+		})
+	}
 	if end == endBroken {
 		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, brokenReason)
 	}
@@ -241,20 +252,31 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 	return out, nil
 }
 
+// sseOut is one event to send.
+type sseOut struct {
+	name string
+	data []byte
+}
+
 // endResponses finishes a Responses stream the provider did not finish:
-// the open items done with what passed, then one terminal event,
+// the open items done with what passed (sent), then one terminal event
+// (returned, for the caller to send once the call is settled),
 // response.incomplete (cut: status "incomplete", reason
 // max_output_tokens) or response.failed (the provider broke off), whose
 // response carries the output so far and the usage charged.
-func (h *handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage, reasoningTokens int64, status string) {
-	next := func(typ string, fields ...field) {
+func (h *handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage, reasoningTokens int64, status string) sseOut {
+	event := func(typ string, fields ...field) sseOut {
 		st.seq++
 		o := &object{}
 		b := o.encode(nil, append([]field{
 			{"type", json.RawMessage(appendJSONString(nil, typ))},
 			{"sequence_number", json.RawMessage(strconv.AppendInt(nil, st.seq, 10))},
 		}, fields...))
-		_ = sw.send(typ, b)
+		return sseOut{typ, b}
+	}
+	next := func(typ string, fields ...field) {
+		ev := event(typ, fields...)
+		_ = sw.send(ev.name, ev.data)
 	}
 	num := func(n int64) json.RawMessage { return strconv.AppendInt(nil, n, 10) }
 	str := func(s string) json.RawMessage { return appendJSONString(nil, s) }
@@ -306,5 +328,5 @@ func (h *handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage,
 		`{"input_tokens":%d,"input_tokens_details":{"cached_tokens":0},"output_tokens":%d,"output_tokens_details":{"reasoning_tokens":%d},"total_tokens":%d}`,
 		u.Prompt, u.Completion, min(reasoningTokens, u.Completion), satAdd(u.Prompt, u.Completion)))
 	enc, _ := json.Marshal(resp)
-	next("response."+status, field{"response", enc})
+	return event("response."+status, field{"response", enc})
 }

@@ -16,9 +16,6 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
-
-	"faregate/agent/task"
-	"faregate/protect/clocktest"
 )
 
 // e2eAgent is an operator's agent as one is written: on a delivery it
@@ -215,17 +212,10 @@ func (a *e2eAgent) serve(w http.ResponseWriter, r *http.Request) {
 		a.called(e2eCall{"embeddings", res.Usage.PromptTokens, 0, "", ""})
 	}
 
-	// KNOWN GAP (reported, not fixed here): the endpoint hands a call's
-	// answer to the client before the governed call settles and posts its
-	// model step, so a result sent right after the last call can end the
-	// task (and revoke the key) first: that step, and its tokens on the
-	// task's usage, are then lost (the budget and the ledger still have
-	// them). About 2 runs in 15 lost the embeddings step without this
-	// wait. The agent waits, as the visitor does, until the task shows
-	// every call's step.
-	if !clocktest.Poll(time.Until(d.Body.Task.Deadline)-time.Second, func() bool { return e2eModelSteps(ctx, other, d.Body.Task.ID) >= 7 }) {
-		a.fail("the model steps did not reach the task before its deadline")
-	}
+	// The agent ends its task right after its last call, as agents do:
+	// each call's answer completes only once its step is on the task, so
+	// none is lost (the test checks the task's usage and both followers'
+	// steps).
 	event("plan", "ok", "7 model calls")
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = io.WriteString(w, `{"result":{"text":"# Lisbon\n\nHills and *trams*.","title":"Lisbon"}}`)
@@ -273,26 +263,4 @@ func e2ePost(ctx context.Context, url, key string, body []byte) int {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode
-}
-
-// e2eModelSteps counts the model steps of task id as GET /api/tasks/{id}
-// on base shows them (-1: no answer).
-func e2eModelSteps(ctx context.Context, base, id string) int {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/tasks/"+id, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	var t struct{ Steps []task.Step }
-	if json.NewDecoder(resp.Body).Decode(&t) != nil {
-		return -1
-	}
-	n := 0
-	for _, s := range t.Steps {
-		if s.Kind == "model" {
-			n++
-		}
-	}
-	return n
 }
