@@ -173,6 +173,35 @@ func (s *scanner) run(b []byte) bool {
 			i++
 			continue
 		case '"':
+			if expectKey && i+9 <= len(b) {
+				// Most keys are plain (lower-case letters and digits):
+				// one pass of words finds their end and proves them
+				// plain, so they are looked up as written. The first
+				// word, which holds most keys whole, is read here.
+				end := -1
+				if m := nonPlainBytes(binary.LittleEndian.Uint64(b[i+1:])); m == 0 {
+					end = plainKeyEnd(b, i+1, i+9)
+				} else if q := i + 1 + bits.TrailingZeros64(m)/8; b[q] == '"' {
+					end = q
+				}
+				if end >= 0 {
+					raw := b[i+1 : end]
+					pend = lookupKey(raw)
+					n := len(raw)
+					pendIDKey = n >= 2 && raw[n-2] == 'i' && raw[n-1] == 'd'
+					pendKey = pend.id
+					if pend.id != kNone && s.settled(pend) {
+						pend.id = kNone
+					}
+					pendRaw = raw
+					expectKey = false
+					i = end + 1
+					if i < len(b) && b[i] == ':' {
+						i++
+					}
+					continue
+				}
+			}
 			// Most keys and ids close within their first eight bytes;
 			// that case is checked here, inline, the rest in stringEnd.
 			end := -1
@@ -508,6 +537,39 @@ func stringEndAfter(b []byte, start, j int) int {
 		j = q + 1
 	}
 	return stringEndFrom(b, start, j)
+}
+
+// plainKeyEnd returns the index of the quote closing a key that starts at
+// b[start], whose bytes before j are plain, when every byte before it is a lower-case letter or a digit and
+// the key fits normCap, as plainKey would say; otherwise -1, and the caller
+// reads the key the general way. It reads eight bytes at a time, so a key
+// within eight bytes of the body's end also takes the general way.
+func plainKeyEnd(b []byte, start, j int) int {
+	for ; j+8 <= len(b) && j <= start+normCap; j += 8 {
+		m := nonPlainBytes(binary.LittleEndian.Uint64(b[j:]))
+		if m == 0 {
+			continue
+		}
+		if q := j + bits.TrailingZeros64(m)/8; b[q] == '"' && q-start <= normCap {
+			return q
+		}
+		return -1
+	}
+	return -1
+}
+
+// nonPlainBytes marks (with the high bit of each byte) the bytes of w that
+// are not a lower-case ASCII letter or a digit. Every mark is exact: the
+// byte-wise sums below never carry into the next byte.
+func nonPlainBytes(w uint64) uint64 {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	x := w &^ hi // low seven bits of each byte
+	geA := x + lo*(0x80-'a')
+	gtZ := x + lo*(0x7f-'z')
+	ge0 := x + lo*(0x80-'0')
+	gt9 := x + lo*(0x7f-'9')
+	plain := (geA &^ gtZ) | (ge0 &^ gt9)
+	return (hi &^ plain) | (w & hi)
 }
 
 // quoteBytes marks (with the high bit of each byte) the bytes of w that are
