@@ -178,17 +178,27 @@ func (s *scanner) run(b []byte) bool {
 				// one pass of words finds their end and proves them
 				// plain, so they are looked up as written. The first
 				// word, which holds most keys whole, is read here.
-				end := -1
+				// Snake-case keys (tool_call_id) only lose their
+				// underscores; a long body's memo, which saves their
+				// normalising on every repeat, is quicker still.
+				q := -1
 				if m := nonPlainBytes(binary.LittleEndian.Uint64(b[i+1:])); m == 0 {
-					end = plainKeyEnd(b, i+1, i+9)
-				} else if q := i + 1 + bits.TrailingZeros64(m)/8; b[q] == '"' {
-					end = q
+					q = firstNonPlain(b, i+1, i+9)
+				} else {
+					q = i + 1 + bits.TrailingZeros64(m)/8
 				}
-				if end >= 0 {
+				end := -1
+				if q >= 0 && b[q] == '"' && q-(i+1) <= normCap {
+					end = q
 					raw := b[i+1 : end]
 					pend = lookupKey(raw)
 					n := len(raw)
 					pendIDKey = n >= 2 && raw[n-2] == 'i' && raw[n-1] == 'd'
+				} else if q >= 0 && b[q] == '_' && q-(i+1) < normCap && s.memo == nil {
+					end, pend, pendIDKey = snakeKey(b, i+1)
+				}
+				if end >= 0 {
+					raw := b[i+1 : end]
 					pendKey = pend.id
 					if pend.id != kNone && s.settled(pend) {
 						pend.id = kNone
@@ -539,23 +549,47 @@ func stringEndAfter(b []byte, start, j int) int {
 	return stringEndFrom(b, start, j)
 }
 
-// plainKeyEnd returns the index of the quote closing a key that starts at
-// b[start], whose bytes before j are plain, when every byte before it is a lower-case letter or a digit and
-// the key fits normCap, as plainKey would say; otherwise -1, and the caller
-// reads the key the general way. It reads eight bytes at a time, so a key
-// within eight bytes of the body's end also takes the general way.
-func plainKeyEnd(b []byte, start, j int) int {
+// firstNonPlain returns the index of the first byte of a key starting at
+// b[start] that is not a lower-case letter or a digit (the closing quote,
+// for a plain key), given that the bytes before j are; or -1 when there is
+// none within normCap bytes and a word, and the caller reads the key the
+// general way. It reads eight bytes at a time, so a key within eight
+// bytes of the body's end also takes the general way.
+func firstNonPlain(b []byte, start, j int) int {
 	for ; j+8 <= len(b) && j <= start+normCap; j += 8 {
-		m := nonPlainBytes(binary.LittleEndian.Uint64(b[j:]))
-		if m == 0 {
-			continue
+		if m := nonPlainBytes(binary.LittleEndian.Uint64(b[j:])); m != 0 {
+			return j + bits.TrailingZeros64(m)/8
 		}
-		if q := j + bits.TrailingZeros64(m)/8; b[q] == '"' && q-start <= normCap {
-			return q
-		}
-		return -1
 	}
 	return -1
+}
+
+// snakeKey reads a key that starts at b[start] whose bytes are lower-case
+// letters, digits and underscores, normalises it (drops the underscores)
+// and looks it up, as keyOf would. It returns the index of the closing
+// quote, or -1 (and the caller reads the key the general way) when the key
+// holds any other byte or is longer than normCap as written.
+func snakeKey(b []byte, start int) (end int, k keySpec, idKey bool) {
+	var buf [normCap]byte
+	n := 0
+	for j := start; j < len(b) && j-start <= normCap; j++ {
+		c := b[j]
+		switch {
+		case c-'a' < 26 || c-'0' < 10:
+			buf[n] = c // n < normCap: the caller saw an underscore among the first normCap bytes
+			n++
+		case c == '_':
+		case c == '"':
+			if j-start > normCap {
+				return -1, keySpec{}, false
+			}
+			idKey = n >= 2 && buf[n-2] == 'i' && buf[n-1] == 'd'
+			return j, lookupKey(buf[:n]), idKey
+		default:
+			return -1, keySpec{}, false
+		}
+	}
+	return -1, keySpec{}, false
 }
 
 // nonPlainBytes marks (with the high bit of each byte) the bytes of w that
