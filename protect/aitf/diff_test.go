@@ -45,6 +45,12 @@ func diffBodies(t testing.TB) [][]byte {
 		esc := strings.Repeat(`\u005f`, max(n-len("maxtokens"), 0)/6)
 		out = append(out, []byte(`{"max`+pad+`tokens":5,"top`+esc+`p":0.5,"`+strings.Repeat("A", n)+`":1}`))
 	}
+	// Plain and snake-case keys around the word size and normCap, the
+	// underscore first met early or late.
+	for n := 1; n <= 50; n++ {
+		a := strings.Repeat("a", n)
+		out = append(out, []byte(`{"`+a+`":1,"`+a+`_id":2,"`+a+`_top_p":0.5,"max_`+a[:min(n, 3)]+`":3,"`+a+`\u005fx":4}`))
+	}
 	for n := 30; n <= 46; n++ {
 		out = append(out, []byte(`{"model":"`+strings.Repeat("x", n)+`gpt","mode":"`+strings.Repeat("_", n)+`batch"}`))
 	}
