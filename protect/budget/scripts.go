@@ -47,14 +47,35 @@ const luaPrelude = `
 local prefix = string.sub(KEYS[1], 1, -5)
 local function int(n) return string.format('%d', n) end
 local function num(v) return tonumber(v) or 0 end
+-- known holds the settled and outstanding of each scope key as this
+-- script last read or wrote them (a script runs atomically, and incr is
+-- the only writer of those fields), and expiring the keys incr has set
+-- an expiry on: a redis.call costs about as much again as the command
+-- itself, and a script would otherwise read each scope two or three
+-- times and set the same expiry once per field.
+local known, expiring = {}, {}
 local function used(key)
-  local v = redis.call('HMGET', key, 'settled', 'outstanding')
-  return num(v[1]) + num(v[2])
+  local k = known[key]
+  if not (k and k.settled and k.outstanding) then
+    local v = redis.call('HMGET', key, 'settled', 'outstanding')
+    k = {settled = num(v[1]), outstanding = num(v[2])}
+    known[key] = k
+  end
+  return k.settled + k.outstanding
 end
 local function incr(key, field, n, ttl)
   if n ~= 0 then
-    redis.call('HINCRBY', key, field, int(n))
-    redis.call('EXPIRE', key, ttl)
+    local v = redis.call('HINCRBY', key, field, int(n))
+    if field == 'settled' or field == 'outstanding' then
+      known[key] = known[key] or {}
+      known[key][field] = v
+    end
+    -- One ttl per script, and a script's clock stands still: a second
+    -- EXPIRE of the key would set the same instant.
+    if expiring[key] ~= ttl then
+      redis.call('EXPIRE', key, ttl)
+      expiring[key] = ttl
+    end
   end
 end
 local function scopes(info)

@@ -260,18 +260,25 @@ func (l *Limiter) Pace(ctx context.Context, scope string, ratePerMin, amount int
 		return 0, tooLarge(amount, ratePerMin)
 	}
 	now := l.now()
-	// The script books at now rounded up to the millisecond and at the
-	// latest at now+maxWait rounded down, so the caller that sleeps wait
-	// from now sends exactly at its booked instant, and wait ≤ maxWait.
+	// The script refills the bucket to the millisecond now falls in (never
+	// past the instant the caller sends at), books at the latest at
+	// now+maxWait rounded down (so wait ≤ maxWait), and moves the queue's
+	// end to no earlier than now rounded up (no later call is scheduled
+	// from before this one's send). A call whose turn is now so goes at
+	// once: booking it at now rounded up made every call on a bucket with
+	// room sleep to the next millisecond's edge, and a sleep under a
+	// millisecond on an idle Go runtime lasts a millisecond or more, which
+	// was most of the model endpoint's added latency for one caller.
 	nowMs := now.UnixMilli()
-	if time.UnixMilli(nowMs).Before(now) {
-		nowMs++
+	endMs := nowMs
+	if time.UnixMilli(endMs).Before(now) {
+		endMs++
 	}
 	latestMs := now.Add(maxWait).UnixMilli()
 	res, err := paceScript.Run(ctx, l.rdb,
 		[]string{key(scope, "tpm"), opKey(scope, "pace", op)},
 		nowMs, ratePerMin, amount, latestMs,
-		OpTTL.Milliseconds(), expiryGrace.Milliseconds(),
+		OpTTL.Milliseconds(), expiryGrace.Milliseconds(), endMs,
 	).Int64Slice()
 	if err != nil {
 		return 0, unavailable("pace", err)

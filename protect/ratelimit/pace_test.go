@@ -74,6 +74,28 @@ func testPaceSchedule(t *testing.T, r *rig) {
 	}
 }
 
+// testPaceBetweenMilliseconds: from a clock between milliseconds, a call
+// the bucket has room for goes at once (no sleep to the next
+// millisecond's edge, which an idle Go runtime stretches to a whole
+// millisecond or more), and the next is scheduled from no earlier than
+// that edge, so the bound holds from the first call's real send.
+func testPaceBetweenMilliseconds(t *testing.T, r *rig) {
+	r.at(time.Second + 300*time.Microsecond)
+	wait, err := r.a.Pace(r.ctx, SiteScope, rate600, capacityOf(rate600), time.Hour, r.op())
+	if err != nil || wait != 0 {
+		t.Fatalf("a full bucket, between milliseconds: wait %v, %v; want 0", wait, err)
+	}
+	sends := []send{{capacityOf(rate600), r.clk.Now()}}
+	// 10 tokens refill in 1 s at 600/min, counted from the next
+	// millisecond's edge.
+	wait, err = r.b.Pace(r.ctx, SiteScope, rate600, 10, time.Hour, r.op())
+	if want := time.Second + 700*time.Microsecond; err != nil || wait != want {
+		t.Fatalf("the next call: wait %v, %v; want %v", wait, err, want)
+	}
+	sends = append(sends, send{10, r.clk.Now().Add(wait)})
+	checkWindows(t, sends, rate600)
+}
+
 // testPaceRandom: random sizes at random moments, idle spells included;
 // the sends come out in request order and every window holds the bound.
 func testPaceRandom(t *testing.T, r *rig) {

@@ -116,6 +116,7 @@ func TestConformance(t *testing.T) {
 		{"AfterCall", testAfterCall},
 		{"PaceSchedule", testPaceSchedule},
 		{"PaceRandomWindows", testPaceRandom},
+		{"PaceBetweenMilliseconds", testPaceBetweenMilliseconds},
 		{"PaceReplicas", testPaceReplicas},
 		{"PaceWaitTooLong", testPaceTooLong},
 		{"Idempotency", testIdempotency},

@@ -257,9 +257,16 @@ return {0, at, l}
 // bucket can pay the amount. The bucket's t becomes that send time, so the
 // next call is scheduled after it: calls are served in the order they asked,
 // whichever replica asked.
-// KEYS: tpm, op key. ARGV: now ms, rate, amount tokens, latest send ms, op
-// ttl ms, grace ms. Returns {reserved (1/0), send at ms, replayed}. A send
-// after the latest reserves nothing and is not remembered.
+// KEYS: tpm, op key. ARGV: now ms (rounded down), rate, amount tokens,
+// latest send ms, op ttl ms, grace ms, now ms rounded up. Returns
+// {reserved (1/0), send at ms, replayed}. A send after the latest reserves
+// nothing and is not remembered.
+//
+// The caller sends at its real now or at the send time, whichever is
+// later: the refill is counted to now rounded down, never past the send,
+// and the queue's end moves to now rounded up, never before it (the
+// refill in between is forgone), so the tokens sent in any span stay
+// within the bound whatever fraction of a millisecond now is.
 var paceScript = redis.NewScript(luaOps + luaBucket + `
 local out = replay(KEYS[2])
 if out then return out end
@@ -271,6 +278,6 @@ local l, t = level(KEYS[1], now, rate, cap)
 local send = ready(l, t, amt, rate)
 if send > tonumber(ARGV[4]) then return {0, send, 0} end
 if send > t then l = math.min(cap, l + math.floor((send - t) * rate / 60)) end
-save(KEYS[1], l - amt, send, now, rate, cap, tonumber(ARGV[6]))
+save(KEYS[1], l - amt, math.max(send, tonumber(ARGV[7])), now, rate, cap, tonumber(ARGV[6]))
 return remember(KEYS[2], tonumber(ARGV[5]), {1, send})
 `)
