@@ -172,7 +172,14 @@ func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a
 	case c.stream:
 		return h.relayResponses(ctx, w, c, a, resp.Body, end)
 	}
-	return h.answerJSON(ctx, w, c, a, resp.Body, end)
+	// The buffer starts at the answer's declared length (a hint only: the
+	// read is still bounded by MaxAnswer), not at a fixed 16 KiB that most
+	// answers of a few hundred bytes never use.
+	hint := int64(4 << 10)
+	if resp.ContentLength > 0 {
+		hint = resp.ContentLength + 1
+	}
+	return h.answerJSON(ctx, w, c, a, resp.Body, hint, end)
 }
 
 // upstreamPath is the provider path of each kind, under its base URL.
@@ -273,8 +280,8 @@ func (it *respItem) count(oc *outCounter) {
 
 // answerJSON relays a non-streamed answer: read within MaxAnswer, checked,
 // counted, and held in end to be sent on byte for byte once settled.
-func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, end *heldEnd) (Outcome, error) {
-	raw, err := readAtMost(body, 16<<10, h.o.MaxAnswer)
+func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, hint int64, end *heldEnd) (Outcome, error) {
+	raw, err := readAtMost(body, hint, h.o.MaxAnswer)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Outcome{}, ctx.Err()
