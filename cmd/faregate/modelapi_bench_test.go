@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"faregate/protect/clocktest"
 	"fmt"
 	"io"
 	"net/http"
@@ -265,10 +266,7 @@ func BenchmarkGovernedOpenStreams(b *testing.B) {
 		// The streams of the round before must be gone (their handlers and
 		// connections), or the base counts them and the difference goes
 		// negative.
-		for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() > goroutines && time.Now().Before(deadline); {
-			runtime.Gosched()
-			time.Sleep(10 * time.Millisecond) // polling the goroutine count: no event to wait on
-		}
+		clocktest.Poll(10*time.Second, func() bool { return runtime.NumGoroutine() <= goroutines })
 		client := speedClient()
 		base := inUse()
 		bodies := make([]io.ReadCloser, 0, n)
