@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -77,6 +78,13 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	switch {
 	case err == nil:
 	case !started.Load() && r.Context().Err() != nil:
+		if why := context.Cause(r.Context()); why != nil && !errors.Is(why, context.Canceled) && !errors.Is(why, context.DeadlineExceeded) {
+			// The request was ended for a reason of its own (the task's
+			// key could not be checked: 503, fail closed; or its task
+			// finished: 409): that reason is the answer.
+			h.o.WriteError(w, r, fmt.Errorf("%w: %w", why, err))
+			break
+		}
 		h.o.WriteError(w, r, fmt.Errorf("%w: %w", ErrCallEnded, err))
 	case !started.Load():
 		h.o.WriteError(w, r, err)

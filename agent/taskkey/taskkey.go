@@ -133,7 +133,7 @@ type cached struct {
 // watch is one task's open requests on this replica.
 type watch struct {
 	sha     string
-	cancels map[int]context.CancelFunc
+	cancels map[int]context.CancelCauseFunc // a request's context, ended with why
 	next    int
 	okAt    time.Time // last time the key was seen valid
 }
@@ -240,7 +240,7 @@ func (k *Keys) Revoke(ctx context.Context, id string) error {
 	k.mu.Unlock()
 	if w != nil {
 		for _, c := range w.cancels {
-			c()
+			c(ErrFinished)
 		}
 	}
 	if err := k.rdb.Del(ctx, keyKey(id)).Err(); err != nil {
@@ -460,11 +460,11 @@ func FromContext(ctx context.Context) (Grant, bool) {
 // the CancelFunc when the request is done.
 func (k *Keys) Watch(ctx context.Context, g Grant) (context.Context, context.CancelFunc) {
 	ctx, cancelDeadline := context.WithDeadline(ctx, g.Deadline)
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
 	k.mu.Lock()
 	w := k.watched[g.Task]
 	if w == nil {
-		w = &watch{sha: g.sha, cancels: map[int]context.CancelFunc{}, okAt: k.o.Now()}
+		w = &watch{sha: g.sha, cancels: map[int]context.CancelCauseFunc{}, okAt: k.o.Now()}
 		k.watched[g.Task] = w
 	}
 	n := w.next
@@ -485,7 +485,7 @@ func (k *Keys) Watch(ctx context.Context, g Grant) (context.Context, context.Can
 			}
 		}
 		k.mu.Unlock()
-		cancel()
+		cancel(nil)
 		cancelDeadline()
 	}
 }
@@ -522,7 +522,14 @@ func (k *Keys) watchLoop() {
 			return nil
 		})
 		cancel()
-		var ended []context.CancelFunc
+		// ended: the requests to cancel, each with why (context.Cause):
+		// ErrFinished for a key no longer valid, ErrUnavailable for one
+		// that could not be checked (fail closed: 503, not 409).
+		type end struct {
+			cancel context.CancelCauseFunc
+			why    error
+		}
+		var ended []end
 		k.mu.Lock()
 		for i, id := range ids {
 			w := k.watched[id]
@@ -559,13 +566,17 @@ func (k *Keys) watchLoop() {
 					delete(k.cache, s)
 				}
 			}
+			why := ErrFinished
+			if !known {
+				why = ErrUnavailable
+			}
 			for _, c := range w.cancels {
-				ended = append(ended, c)
+				ended = append(ended, end{c, why})
 			}
 		}
 		k.mu.Unlock()
-		for _, c := range ended {
-			c()
+		for _, e := range ended {
+			e.cancel(e.why)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,6 +163,15 @@ func TestKeyEndsOnEveryReplica(t *testing.T) {
 			wait := time.Until(endAt.Add(time.Second))
 			if _, ok := within(wait, func() bool { return open.Err() != nil }); !ok {
 				t.Fatalf("the open request on the other replica still runs 1 s after the task ended")
+			}
+			// Why it ended is the answer the request gets: 409
+			// task_finished for an ended task, the deadline's own error.
+			want := ErrFinished
+			if tc.name == "deadline" {
+				want = context.DeadlineExceeded
+			}
+			if why := context.Cause(open); !errors.Is(why, want) {
+				t.Fatalf("the request ended because %v, want %v", why, want)
 			}
 			if _, ok := within(time.Until(endAt.Add(time.Second)), func() bool {
 				_, err := b.Authenticate(ctx, key)
@@ -345,5 +355,55 @@ func TestKeyWatchKeepsCheckCached(t *testing.T) {
 	}
 	if s, _ := h.counts(); s != s0+1 {
 		t.Fatalf("an unwatched key past CacheFor: %d commands; want 1 check", s-s0)
+	}
+}
+
+// failingPipelines fails every pipeline once on is set: a Redis that no
+// longer answers the watch loop's checks.
+type failingPipelines struct{ on atomic.Bool }
+
+func (h *failingPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *failingPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *failingPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.on.Load() {
+			for _, c := range cmds {
+				c.SetErr(context.DeadlineExceeded)
+			}
+			return context.DeadlineExceeded
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestKeyWatchUncheckedFailsClosed: a key whose checks fail for a second
+// ends its open requests (fail closed) with ErrUnavailable as the cause,
+// so they are answered 503 demo_protection_unavailable, not 409
+// task_finished: the task has not finished.
+func TestKeyWatchUncheckedFailsClosed(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	fail := &failingPipelines{}
+	rdb.AddHook(fail)
+	k := New(rdb, Options{WatchEvery: 20 * time.Millisecond})
+	ctx := context.Background()
+	rec, l := running(t, srv.Client(t), "replica-a")
+	key, err := k.Mint(ctx, l, rec, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := k.Authenticate(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, done := k.Watch(ctx, g)
+	defer done()
+	fail.on.Store(true)
+	if _, ok := within(10*time.Second, func() bool { return open.Err() != nil }); !ok {
+		t.Fatal("a request whose key cannot be checked still runs")
+	}
+	if why := context.Cause(open); !errors.Is(why, ErrUnavailable) {
+		t.Fatalf("the request ended because %v, want ErrUnavailable", why)
 	}
 }
