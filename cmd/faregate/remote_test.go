@@ -425,14 +425,7 @@ func TestExternalAgent(t *testing.T) {
 		}
 		for _, c := range cases {
 			id := ids[c.dest]
-			got, ok := pollTask(t, b.URL, id, 20*time.Second, statusIs("failed"))
-			if !ok {
-				t.Fatalf("%s: %v, want failed", c.dest, got)
-			}
-			if e, _ := got["error"].(map[string]any); e["code"] != c.code {
-				t.Fatalf("%s: error %v, want %s", c.dest, got["error"], c.code)
-			}
-			assertFinalEvents(t, followers[c.dest].waitEnded(t, 10*time.Second), "failed", c.code)
+			waitFailedWith(t, b.URL, id, c.dest, c.code, followers[c.dest])
 			ds := agent.delivered(c.dest)
 			want := 1
 			if c.dest == "reset" {
@@ -631,4 +624,18 @@ func TestExternalAgentPromptDelivery(t *testing.T) {
 	if res, _ := task["result"].(map[string]any); res["text"] != "**Lisbon** in a day" || res["language"] != "zh-CN" {
 		t.Fatalf("result %v", task["result"])
 	}
+}
+
+// waitFailedWith waits for task id (of destination dest) to fail with
+// code on base, and for its follower f to get the final events.
+func waitFailedWith(t *testing.T, base, id, dest, code string, f *follower) {
+	t.Helper()
+	got, ok := pollTask(t, base, id, 20*time.Second, statusIs("failed"))
+	if !ok {
+		t.Fatalf("%s: %v, want failed", dest, got)
+	}
+	if e, _ := got["error"].(map[string]any); e["code"] != code {
+		t.Fatalf("%s: error %v, want %s", dest, got["error"], code)
+	}
+	assertFinalEvents(t, f.waitEnded(t, 10*time.Second), "failed", code)
 }

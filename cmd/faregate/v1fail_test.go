@@ -815,14 +815,7 @@ func TestV1AgentFailures(t *testing.T) {
 	}
 	for _, c := range cases {
 		id := ids[c.dest]
-		got, ok := pollTask(t, s.URL, id, 20*time.Second, statusIs("failed"))
-		if !ok {
-			t.Fatalf("%s: %v, want failed", c.dest, got)
-		}
-		if e, _ := got["error"].(map[string]any); e["code"] != c.code {
-			t.Fatalf("%s: error %v, want %s", c.dest, got["error"], c.code)
-		}
-		assertFinalEvents(t, followers[c.dest].waitEnded(t, 10*time.Second), "failed", c.code)
+		waitFailedWith(t, s.URL, id, c.dest, c.code, followers[c.dest])
 		var end failStreamEnd
 		select {
 		case end = <-agent.streamEnd(id):
