@@ -105,6 +105,15 @@ type Options struct {
 	// WatchEvery is how often open requests' keys are checked again, to
 	// cut them when the task ends (default 250 ms, at most 500 ms).
 	WatchEvery time.Duration
+	// CheckTimeout is how long one round of those checks may wait for
+	// Redis (default 2 s; the binary passes FAREGATE_REDIS_TIMEOUT). A
+	// slow answer is not a failure: on a saturated machine a round can
+	// take longer than WatchEvery, and cutting every open request then
+	// (as a fixed 2 × WatchEvery once did, under -race beside a busy
+	// loop) fails legitimate streams while Redis is still answering.
+	// Open requests fail closed (ErrUnavailable) when a round errs or
+	// times out and the key has not been confirmed for a second.
+	CheckTimeout time.Duration
 	// MaxEvents bounds the progress events of a task (default 200) and
 	// MaxTools its fetches (default 12; 0 would refuse every fetch, so
 	// use NoTools for that).
@@ -151,6 +160,9 @@ func New(rdb redis.UniversalClient, o Options) *Keys {
 		o.WatchEvery = 250 * time.Millisecond
 	}
 	o.WatchEvery = min(o.WatchEvery, 500*time.Millisecond)
+	if o.CheckTimeout <= 0 {
+		o.CheckTimeout = 2 * time.Second
+	}
 	if o.MaxEvents <= 0 {
 		o.MaxEvents = 200
 	}
@@ -455,8 +467,9 @@ func FromContext(ctx context.Context) (Grant, bool) {
 
 // Watch returns a context that ends when g's task ends, on whichever
 // replica: this one at once when it revokes the key, any other within
-// WatchEvery (+ one Redis round trip); at g's deadline in any case; and,
-// failing closed, when the key could not be checked for a second. Call
+// WatchEvery (+ one Redis round trip, however long Redis takes to answer
+// within CheckTimeout); at g's deadline in any case; and, failing closed,
+// when a check failed and the key has gone a second unconfirmed. Call
 // the CancelFunc when the request is done.
 func (k *Keys) Watch(ctx context.Context, g Grant) (context.Context, context.CancelFunc) {
 	ctx, cancelDeadline := context.WithDeadline(ctx, g.Deadline)
@@ -511,7 +524,7 @@ func (k *Keys) watchLoop() {
 		}
 		k.mu.Unlock()
 
-		ctx, cancel := context.WithTimeout(context.Background(), k.o.WatchEvery*2)
+		ctx, cancel := context.WithTimeout(context.Background(), k.o.CheckTimeout)
 		now := k.o.Now()
 		cmds, perr := k.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, id := range ids {
@@ -522,6 +535,10 @@ func (k *Keys) watchLoop() {
 			return nil
 		})
 		cancel()
+		// done: when the answer (or the failure) came; a failed round
+		// fails closed once the key has gone a second unconfirmed,
+		// counted to now, not to when the round began.
+		done := k.o.Now()
 		// ended: the requests to cancel, each with why (context.Cause):
 		// ErrFinished for a key no longer valid, ErrUnavailable for one
 		// that could not be checked (fail closed: 503, not 409).
@@ -557,7 +574,7 @@ func (k *Keys) watchLoop() {
 					k.cache[shas[i]] = c
 				}
 				continue
-			case !known && now.Sub(w.okAt) < time.Second:
+			case !known && done.Sub(w.okAt) < time.Second:
 				continue // Redis hiccup: fail closed only after a second
 			}
 			delete(k.watched, id)

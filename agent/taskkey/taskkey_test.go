@@ -407,3 +407,75 @@ func TestKeyWatchUncheckedFailsClosed(t *testing.T) {
 		t.Fatalf("the request ended because %v, want ErrUnavailable", why)
 	}
 }
+
+// slowPipelines delays every pipeline by delay once on is set and counts
+// the delayed ones: a Redis that still answers, slowly (a saturated
+// machine, a race-detector build).
+type slowPipelines struct {
+	on    atomic.Bool
+	delay time.Duration
+	slow  atomic.Int64
+}
+
+func (h *slowPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *slowPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *slowPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.on.Load() {
+			select {
+			case <-time.After(h.delay):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			err := next(ctx, cmds)
+			h.slow.Add(1)
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestKeyWatchSlowRedisIsNotAFailure: checks that answer later than two
+// rounds (they once timed out at 2 × WatchEvery whatever the configured
+// Redis timeout, and cut every open stream of the exactness soak under
+// -race) keep the request open for well past a second, and a task that
+// ends is still cut, with ErrFinished, through the same slow checks.
+func TestKeyWatchSlowRedisIsNotAFailure(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	slow := &slowPipelines{delay: 150 * time.Millisecond}
+	rdb.AddHook(slow)
+	k := New(rdb, Options{WatchEvery: 20 * time.Millisecond, CheckTimeout: time.Minute})
+	ctx := context.Background()
+	rec, l := running(t, srv.Client(t), "replica-a")
+	key, err := k.Mint(ctx, l, rec, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := k.Authenticate(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, done := k.Watch(ctx, g)
+	defer done()
+	slow.on.Store(true)
+	// 12 slow rounds: 1.8 s of checks each 7.5 × WatchEvery late.
+	if _, ok := within(time.Minute, func() bool { return slow.slow.Load() >= 12 || open.Err() != nil }); !ok {
+		t.Fatal("the slow checks did not run")
+	}
+	if open.Err() != nil {
+		t.Fatalf("a slow but answering Redis ended the request (%v) after %d checks", context.Cause(open), slow.slow.Load())
+	}
+	// The task ends on another replica: its own Keys revoke the key.
+	other := New(srv.Client(t), Options{})
+	if err := other.Revoke(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := within(time.Minute, func() bool { return open.Err() != nil }); !ok {
+		t.Fatal("a request of an ended task still runs")
+	}
+	if why := context.Cause(open); !errors.Is(why, ErrFinished) {
+		t.Fatalf("the request ended because %v, want ErrFinished", why)
+	}
+}

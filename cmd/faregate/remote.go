@@ -48,7 +48,7 @@ func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *a
 	if cfg.AgentURL == "" {
 		return nil
 	}
-	keys := taskkey.New(rdb, taskkey.Options{MaxEvents: 200, MaxTools: int64(cfg.AgentMaxToolCalls), NoTools: cfg.AgentMaxToolCalls == 0})
+	keys := taskkey.New(rdb, taskkey.Options{CheckTimeout: cfg.RedisTimeout, MaxEvents: 200, MaxTools: int64(cfg.AgentMaxToolCalls), NoTools: cfg.AgentMaxToolCalls == 0})
 	cb := &callbackURL{}
 	if cfg.AgentCallbackURL != "" {
 		cb.set(cfg.AgentCallbackURL)
