@@ -103,16 +103,24 @@ type heldSlot struct {
 }
 
 func (s *heldSlot) take(ctx context.Context, l Limiter, t Task) (func(context.Context, bool), error) {
-	if s.taken() {
+	// One lock section from the check to the set: two takes of one call
+	// (a governor asking again on its fallback) must not both acquire, and
+	// a take after the release must not acquire a slot no one gives back.
+	// Acquire is one Redis call bounded by ctx and the client's timeout,
+	// and only this call's goroutines ever wait on s.mu.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil, fmt.Errorf("%w: the call's slot was already given back", ErrLimitsUnavailable)
+	}
+	if s.rel != nil {
 		return s.release, nil // one slot per call, however often asked
 	}
 	rel, err := l.Acquire(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	s.rel = rel
-	s.mu.Unlock()
 	return s.release, nil
 }
 
@@ -126,13 +134,15 @@ func (s *heldSlot) taken() bool {
 func (s *heldSlot) release(ctx context.Context, used bool) {
 	s.mu.Lock()
 	rel := s.rel
-	if s.done || rel == nil {
+	if s.done {
 		s.mu.Unlock()
 		return
 	}
 	s.done = true
 	s.mu.Unlock()
-	rel(ctx, used)
+	if rel != nil {
+		rel(ctx, used)
+	}
 }
 
 // heldEnd is the end of an answer, held back until the Governor has
