@@ -36,6 +36,9 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		Model: c.model, PromptTokens: c.prompt, MaxOutput: c.maxOut, Stream: c.stream}
 	if kind != KindEmbeddings {
 		spec.MinOutput = minOutput(kind, c.model)
+		for _, m := range h.o.FallbackModels {
+			spec.MinOutput = max(spec.MinOutput, minOutput(kind, m))
+		}
 		if spec.MaxOutput > 0 {
 			spec.MaxOutput = max(spec.MaxOutput, spec.MinOutput)
 		}

@@ -186,6 +186,12 @@ type Options struct {
 	RequestID func(*http.Request) string
 	// EmbeddingModel is the one model /v1/embeddings may use; empty: 404.
 	EmbeddingModel string
+	// FallbackModels are the models the Governor may send a call to other
+	// than the one asked (its fallback): a call is reserved and sent with
+	// at least the largest MinOutput of all of them, so a fallback whose
+	// provider takes more than the primary's (OpenAI's Responses behind a
+	// local model) is never sent more than was reserved.
+	FallbackModels []string
 	// MaxBody bounds a request body (FAREGATE_V1_MAX_BODY); 0: 2097152.
 	MaxBody int64
 	// MaxAnswer bounds a non-streamed provider answer; 0: 8 MiB.

@@ -542,10 +542,10 @@ func minOutput(kind, model string) int64 {
 func (c *call) body(a Attempt) []byte {
 	set := []field{{"model", json.RawMessage(appendJSONString(nil, a.Model))}}
 	if c.kind != KindEmbeddings && a.MaxOutput > 0 {
-		// The governor reserves at least Spec.MinOutput, so this raises
-		// only a fallback whose provider takes more than the primary's
-		// (OpenAI behind another kind of model); the stream is still cut
-		// at the attempt's limit.
+		// The governor reserves at least Spec.MinOutput, the largest of
+		// the asked and fallback models' (Options.FallbackModels), so
+		// this raises nothing the reservation does not cover; it is a
+		// guard for a fallback the options did not name.
 		limit := max(a.MaxOutput, minOutput(c.kind, a.Model))
 		v := json.RawMessage(strconv.AppendInt(nil, limit, 10))
 		fields := c.limitFields

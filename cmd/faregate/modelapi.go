@@ -204,6 +204,7 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 		limits: &gateway.RedisLimits{Client: st.redis.main, MaxCalls: cfg.AgentMaxCalls, MaxParallel: cfg.AgentMaxParallel,
 			Logger: lg},
 		models:    []string{sp.models.Primary.Name},
+		fallbacks: fallbackNames(sp.models),
 		embedding: cfg.EmbeddingModel,
 		maxBody:   cfg.V1MaxBody,
 		lg:        lg,
@@ -214,6 +215,14 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 	}
 }
 
+// fallbackNames is the fallback model's name, if m has one.
+func fallbackNames(m *agent.Models) []string {
+	if m == nil || m.Fallback == nil {
+		return nil
+	}
+	return []string{m.Fallback.Name}
+}
+
 // modelEndpointParts is what the model endpoint is made of.
 type modelEndpointParts struct {
 	gov       *agent.Governor
@@ -221,6 +230,7 @@ type modelEndpointParts struct {
 	keys      *taskkey.Keys
 	limits    gateway.Limiter
 	models    []string
+	fallbacks []string // the Governor's fallback model, if any
 	embedding string
 	maxBody   int64
 	lg        *slog.Logger
@@ -264,6 +274,7 @@ func modelEndpoint(p modelEndpointParts) http.Handler {
 		WriteError:     api.WriteV1Error,
 		RequestID:      func(r *http.Request) string { return api.RequestID(r.Context()) },
 		EmbeddingModel: p.embedding,
+		FallbackModels: p.fallbacks,
 		MaxBody:        p.maxBody,
 		Logger:         lg,
 	})

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,5 +54,38 @@ func TestHeldSlotOnce(t *testing.T) {
 	early.release(context.Background(), false)
 	if _, err := early.take(context.Background(), l, limitTask("t_held2")); err == nil || l.acquired.Load() != 1 {
 		t.Fatalf("a take after an early release: %v, %d acquired", err, l.acquired.Load())
+	}
+}
+
+// TestMinOutputCoversFallback: a Responses call to a local model (which
+// takes max_output_tokens 1) whose fallback is an OpenAI model (which
+// takes at least 16) is reserved for 16, so the fallback is never sent
+// more than was reserved; without a fallback it stays at 1.
+func TestMinOutputCoversFallback(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fallbacks []string
+		want      int64
+	}{
+		{"no fallback", nil, 1},
+		{"local fallback", []string{"qwen2.5:7b"}, 1},
+		{"OpenAI fallback", []string{"gpt-4o-mini"}, minOpenAIOutput},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newScripted(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"id":"r","object":"response","status":"completed","model":"llama3.1:8b","output":[],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`)
+			})
+			e := newEnv(t, up.upstream(), func(o *Options) { o.FallbackModels = tc.fallbacks })
+			e.task.Models = []string{"llama3.1:8b"}
+			e.post(t, "/v1/responses", `{"model":"llama3.1:8b","input":"x","max_output_tokens":1}`)
+			spec, _, _, _ := e.gov.last(t)
+			if spec.MinOutput != tc.want || spec.MaxOutput != tc.want {
+				t.Fatalf("MinOutput %d, MaxOutput %d; want both %d", spec.MinOutput, spec.MaxOutput, tc.want)
+			}
+			if got := up.lastBody(t)["max_output_tokens"]; got != float64(tc.want) {
+				t.Fatalf("sent max_output_tokens %v, want %d", got, tc.want)
+			}
+		})
 	}
 }
