@@ -74,6 +74,33 @@ func serve(t *testing.T, h http.HandlerFunc) (*httptest.Server, *counted) {
 	return srv, c
 }
 
+// downURL is the address of a server that is down, for as long as the
+// test runs: a listener that hangs up on every connection at once. (A
+// closed test server's port is free for anything else on the machine to
+// take, other test packages included, and a test asking it would then get
+// that one's answer.)
+func downURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0) // a reset, not an orderly close
+			}
+			c.Close()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
 // serveOn starts a test server on a chosen loopback address, so a policy
 // can allow it while still refusing 127.0.0.1.
 func serveOn(t *testing.T, ip string, h http.HandlerFunc) (*httptest.Server, *counted) {

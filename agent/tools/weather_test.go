@@ -119,8 +119,7 @@ func TestWeatherUnknownPlace(t *testing.T) {
 
 func TestWeatherDegrades(t *testing.T) {
 	const lisbonAugust = "Live forecast unavailable; seasonal norms for Lisbon in August: high 28 °C, low 19 °C, usually sunny."
-	closed, _ := serve(t, func(w http.ResponseWriter, r *http.Request) {})
-	closed.Close()
+	down := downURL(t)
 
 	tests := []struct {
 		name      string
@@ -169,14 +168,14 @@ func TestWeatherDegrades(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			fcURL := closed.URL
+			fcURL := down
 			var hits *counted
 			if tc.handler != nil {
 				s, c := serve(t, tc.handler)
 				fcURL, hits = s.URL, c
 			}
 			sess, rec := session(t, nil)
-			tool := NewWeather(sess.Client(), Config{WeatherURL: fcURL, GeocodingURL: closed.URL, Now: august})
+			tool := NewWeather(sess.Client(), Config{WeatherURL: fcURL, GeocodingURL: down, Now: august})
 			obs := tool.Call(taskCtx(t, tc.deadline), args("location", tc.location))
 			if !obs.Failed || obs.Warning != codes.WeatherUnavailable {
 				t.Fatalf("observation %+v, want failed with %s", obs, codes.WeatherUnavailable)

@@ -20,8 +20,7 @@ func TestWebSearch(t *testing.T) {
 	results[0] = `{"title":"Bad","url":"javascript:alert(1)","content":"x"}`
 	body := `{"query":"lisbon","results":[` + strings.Join(results, ",") + `]}`
 
-	closed, _ := serve(t, func(w http.ResponseWriter, r *http.Request) {})
-	closed.Close()
+	down := downURL(t)
 	var gotQ, gotFormat, gotPreset string
 	tests := []struct {
 		name        string
@@ -56,7 +55,7 @@ func TestWebSearch(t *testing.T) {
 			handler:    func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "<html>captcha</html>") },
 			wantFailed: true, wantWarning: codes.SearchUnavailable,
 		},
-		{name: "server down", url: closed.URL, wantFailed: true, wantWarning: codes.SearchUnavailable},
+		{name: "server down", url: down, wantFailed: true, wantWarning: codes.SearchUnavailable},
 		{name: "not configured", url: "-", wantFailed: true, wantWarning: codes.SearchUnavailable},
 	}
 	for _, tc := range tests {
