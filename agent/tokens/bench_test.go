@@ -68,3 +68,17 @@ func BenchmarkLoad_o200k(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCountShort counts the short texts of a typical chat request
+// (roles, a one-line system prompt and question), each already seen:
+// what every call of an agent's conversation re-sends.
+func BenchmarkCountShort_o200k(b *testing.B) {
+	c := ForModel("gpt-4o")
+	texts := []string{"system", "You plan trips.", "user", "Three days in Lisbon, food and history."}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, t := range texts {
+			c.Count(t)
+		}
+	}
+}

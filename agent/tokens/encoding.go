@@ -42,20 +42,26 @@ type encoding struct {
 	tk   *tiktoken.Tiktoken
 	err  error
 
-	// memo remembers the counts of long texts. An agent run re-sends every
-	// earlier message with each model call, and counting costs about a
-	// millisecond of CPU per 4 KiB (tiktoken-go's regexp2 pre-tokenizer), so
-	// each text is counted once. Keys are 64-bit hashes, not the texts, so
-	// the memo holds no prompt text; it is emptied when full.
-	mu   sync.Mutex
-	seed maphash.Seed
-	memo map[uint64]int64
+	// memo remembers the counts of long texts, short those of short ones
+	// (under memoLongBytes), each bounded on its own so that a flood of
+	// short texts cannot push the long ones out. An agent run re-sends
+	// every earlier message with each model call, and counting costs about
+	// a millisecond of CPU per 4 KiB (tiktoken-go's regexp2 pre-tokenizer)
+	// and some 8 µs even for a word (the runner's set-up: a role, a
+	// one-line question), against tens of nanoseconds to hash and look up;
+	// so each text is counted once. Keys are 64-bit hashes, not the texts,
+	// so the memo holds no prompt text; a full one is emptied.
+	mu    sync.Mutex
+	seed  maphash.Seed
+	memo  map[uint64]int64
+	short map[uint64]int64
 }
 
-// Memo limits: shorter texts are cheaper to count than to hash and look up.
+// Memo limits: texts of memoLongBytes or more go to the long memo; each
+// memo holds at most memoEntries counts.
 const (
-	memoMinBytes = 256
-	memoEntries  = 4096
+	memoLongBytes = 256
+	memoEntries   = 4096
 )
 
 var (
@@ -99,28 +105,30 @@ func (e *encoding) load() (*tiktoken.Tiktoken, error) {
 		e.tk = tiktoken.NewTiktoken(bpe, enc, map[string]any{})
 		e.seed = maphash.MakeSeed()
 		e.memo = make(map[uint64]int64)
+		e.short = make(map[uint64]int64)
 	})
 	return e.tk, e.err
 }
 
 // count returns the tokens of text; the encoding must be loaded.
 func (e *encoding) count(text string) int64 {
-	if len(text) < memoMinBytes {
-		return int64(len(e.tk.EncodeOrdinary(text)))
-	}
 	key := maphash.String(e.seed, text)
 	e.mu.Lock()
-	n, ok := e.memo[key]
+	memo := e.memo
+	if len(text) < memoLongBytes {
+		memo = e.short
+	}
+	n, ok := memo[key]
 	e.mu.Unlock()
 	if ok {
 		return n
 	}
 	n = int64(len(e.tk.EncodeOrdinary(text)))
 	e.mu.Lock()
-	if len(e.memo) >= memoEntries {
-		clear(e.memo)
+	if len(memo) >= memoEntries {
+		clear(memo)
 	}
-	e.memo[key] = n
+	memo[key] = n
 	e.mu.Unlock()
 	return n
 }

@@ -3,6 +3,7 @@ package tokens
 import (
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"os"
 	"strings"
@@ -323,7 +324,7 @@ func TestCountEmptyAndConcurrent(t *testing.T) {
 
 func TestMemoGivesSameCounts(t *testing.T) {
 	c := ForModel("gpt-4o")
-	long := strings.Repeat("Lisbon's trams climb seven hills. 里斯本有七座山丘。", 5) // over memoMinBytes
+	long := strings.Repeat("Lisbon's trams climb seven hills. 里斯本有七座山丘。", 5) // over memoLongBytes
 	first, second := c.Count(long), c.Count(long)
 	tk, _ := c.enc.load()
 	if want := int64(len(tk.EncodeOrdinary(long))); first != want || second != want {
@@ -338,5 +339,22 @@ func TestMemoGivesSameCounts(t *testing.T) {
 	c.enc.mu.Unlock()
 	if n > memoEntries {
 		t.Errorf("memo holds %d entries, limit %d", n, memoEntries)
+	}
+	// Short texts are remembered too, apart: a flood of them neither
+	// grows their memo past its limit nor empties the long one.
+	short := "Three days in Lisbon, food and history."
+	if got, want := c.Count(short), int64(len(tk.EncodeOrdinary(short))); got != want || c.Count(short) != want {
+		t.Fatalf("short count %d, want %d", got, want)
+	}
+	c.Count(long)
+	for i := range memoEntries + 10 {
+		c.Count(fmt.Sprintf("%d words", i))
+	}
+	c.enc.mu.Lock()
+	ns := len(c.enc.short)
+	_, kept := c.enc.memo[maphash.String(c.enc.seed, long)]
+	c.enc.mu.Unlock()
+	if ns > memoEntries || !kept {
+		t.Errorf("short memo holds %d entries (limit %d); long text kept: %v", ns, memoEntries, kept)
 	}
 }

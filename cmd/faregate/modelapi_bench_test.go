@@ -44,7 +44,9 @@ import (
 // 32 workers make non-streaming calls; each variant reports p50 and p99
 // latency, requests per second and, against direct, the added p50 and
 // p99 (added-p50-µs, added-p99-µs) and its throughput against proxy
-// (x-proxy).
+// (x-proxy), with the CPU of each call, ours and the redis-server's, and
+// how many scripts (redis-scripts/op) and other Redis commands, most of
+// them called by the scripts (redis-calls/op), each call made.
 
 // speedClient is a client with enough idle connections for every worker.
 func speedClient() *http.Client {
@@ -77,6 +79,7 @@ func runN(b *testing.B, workers int, rdb *redis.Client, call func() (time.Durati
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start, cpu0, rcpu0 := time.Now(), processCPU(), redisCPU(b, rdb)
+	scripts0, cmds0 := redisCommands(b, rdb)
 	for w := range workers {
 		wg.Go(func() {
 			for range next {
@@ -95,6 +98,9 @@ func runN(b *testing.B, workers int, rdb *redis.Client, call func() (time.Durati
 	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	if rdb != nil {
 		b.ReportMetric(float64((redisCPU(b, rdb)-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+		scripts, cmds := redisCommands(b, rdb)
+		b.ReportMetric(float64(scripts-scripts0)/float64(b.N), "redis-scripts/op")
+		b.ReportMetric(float64(cmds-cmds0)/float64(b.N), "redis-calls/op")
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
@@ -341,6 +347,36 @@ func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
 		}
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// redisCommands counts the scripts the redis-server has run and the other
+// commands (those the scripts called, and any sent alone) from INFO
+// commandstats, leaving out the benchmark's own INFO: a count no load on
+// the machine blurs, where the CPU figures are (0, 0 without rdb).
+func redisCommands(b *testing.B, rdb *redis.Client) (scripts, cmds int64) {
+	if rdb == nil {
+		return 0, 0
+	}
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		n, _ := strconv.ParseInt(calls, 10, 64)
+		switch name {
+		case "evalsha", "eval", "evalsha_ro", "eval_ro":
+			scripts += n
+		case "info":
+		default:
+			cmds += n
+		}
+	}
+	return scripts, cmds
 }
 
 // inUse is the memory in use after a collection: heap and goroutine

@@ -394,6 +394,26 @@ func testKeys(t *testing.T, rdb *redis.Client) {
 	if ttl := rdb.TTL(f.ctx, p+"done").Val(); ttl <= 172790*time.Second {
 		t.Errorf("TTL done = %v", ttl)
 	}
+	// The settle of an open reservation sets no expiry of its own on the
+	// scopes the reserve held an amount in (the reserve's stands): every
+	// key still expires.
+	for _, k := range want {
+		if ttl := rdb.TTL(f.ctx, k).Val(); ttl <= 172790*time.Second || ttl > 172800*time.Second {
+			t.Errorf("TTL %s after settle = %v; want 172800s", k, ttl)
+		}
+	}
+	// A scope the reserve held nothing in (a free model's spend) and the
+	// settle charges (priced meanwhile by a reload) gets its expiry there.
+	g := newFixture(t, rdb, Limits{})
+	fr := g.reserve(t, Request{Day: day, Principal: keyA, Task: taskOne, Model: "free", PromptTokens: 200, MaxTokens: 50})
+	if n := rdb.Exists(g.ctx, p+"spend").Val(); n != 0 {
+		t.Fatalf("a free reserve made the spend scope")
+	}
+	g.b.SetPrices(Prices{"free": {1_000_000, 1_000_000}})
+	g.settle(t, fr, 100, 20)
+	if ttl := rdb.TTL(g.ctx, p+"spend").Val(); ttl <= 172790*time.Second || ttl > 172800*time.Second {
+		t.Errorf("TTL spend made by a settle = %v; want 172800s", ttl)
+	}
 }
 
 // testReserveIdempotent: the same reservation id sent twice holds once.

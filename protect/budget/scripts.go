@@ -266,6 +266,13 @@ if open then
   local held = {rt, rc, rt, rt, rt}
   local ot, oc = math.max(at - rt, 0), math.max(ac - rc, 0)
   local over = {ot, oc, ot, ot, ot}
+  -- The reserve of this open reservation set the expiry of every scope
+  -- it held an amount in, moments ago (reap has just given back any whose
+  -- hold had expired): those need no second EXPIRE. A scope it held
+  -- nothing in may be new here, and gets one.
+  for i = 1, 5 do
+    if active[i] and held[i] ~= 0 then expiring[KEYS[i]] = ttl end
+  end
   for i = 1, 5 do
     if active[i] then
       incr(KEYS[i], 'outstanding', -held[i], ttl)
