@@ -125,12 +125,12 @@ func (l *RedisLimits) Acquire(ctx context.Context, t Task) (func(context.Context
 	case 2:
 		return nil, &retryError{ErrTooManyCalls, time.Second}
 	}
-	stop := make(chan struct{})
+	r := &renewal{l: l, key: keys[1], slot: slot, lease: lease}
+	r.schedule()
 	var once sync.Once
-	go l.renew(keys[1], slot, lease, stop)
 	return func(ctx context.Context, used bool) {
 		once.Do(func() {
-			close(stop)
+			r.stop()
 			refund := "0"
 			if !used {
 				refund = "1"
@@ -147,22 +147,49 @@ func (l *RedisLimits) Acquire(ctx context.Context, t Task) (func(context.Context
 	}, nil
 }
 
-// renew keeps a live call's slot from lapsing.
-func (l *RedisLimits) renew(key, slot string, lease time.Duration, stop <-chan struct{}) {
-	tk := time.NewTicker(lease / 3)
-	defer tk.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tk.C:
-			ctx, cancel := context.WithTimeout(context.Background(), lease/3)
-			n, err := limitsRenew.Run(ctx, l.Client, []string{key}, slot, lease.Milliseconds()).Int()
-			cancel()
-			if err == nil && n == 0 {
-				return // lapsed: nothing to keep
-			}
-		}
+// renewal keeps a live call's slot from lapsing: every third of the lease
+// a timer moves its expiry on. It is a timer, not a goroutine of its own
+// waiting on a ticker: a stream held open for minutes then costs its slot
+// a few hundred bytes instead of a goroutine's stack (the model endpoint's
+// memory per open stream, BenchmarkGovernedOpenStreams), and a renewal runs
+// on a goroutine only while its round trip is under way.
+type renewal struct {
+	l         *RedisLimits
+	key, slot string
+	lease     time.Duration
+	mu        sync.Mutex
+	timer     *time.Timer
+	stopped   bool
+}
+
+func (r *renewal) schedule() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.stopped {
+		r.timer = time.AfterFunc(r.lease/3, r.renew)
+	}
+}
+
+// renew runs on the timer's goroutine, one at a time: the next is
+// scheduled only when this one is done.
+func (r *renewal) renew() {
+	ctx, cancel := context.WithTimeout(context.Background(), r.lease/3)
+	n, err := limitsRenew.Run(ctx, r.l.Client, []string{r.key}, r.slot, r.lease.Milliseconds()).Int()
+	cancel()
+	if err == nil && n == 0 {
+		return // lapsed: nothing to keep
+	}
+	r.schedule()
+}
+
+// stop ends the renewals; one under way may still finish, and finds the
+// slot gone once it is released (the script renews only a live slot).
+func (r *renewal) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
+	if r.timer != nil {
+		r.timer.Stop()
 	}
 }
 

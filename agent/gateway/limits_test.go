@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -103,6 +104,40 @@ func TestRedisLimitsRenewLiveSlot(t *testing.T) {
 		if _, err := l.Acquire(ctx, task); !errors.Is(err, ErrTooManyCalls) {
 			t.Fatalf("the live slot lapsed: %v", err)
 		}
+	}
+}
+
+// A held slot costs no goroutine of its own: its renewals are timers, so
+// 1,000 open streams do not hold 1,000 goroutine stacks for their leases
+// (BenchmarkGovernedOpenStreams in cmd/faregate). Renewing still works:
+// TestRedisLimitsRenewLiveSlot.
+func TestRedisLimitsHeldSlotsHoldNoGoroutine(t *testing.T) {
+	redistest.Require(t)
+	b := redistest.Real(t)
+	ctx := context.Background()
+	l := &RedisLimits{Client: b.Client, Lease: 300 * time.Millisecond}
+	task := limitTask("t_nogoroutine")
+	warm, err := l.Acquire(ctx, task) // the client's connection, dialled once
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(ctx, true)
+	const n = 50
+	before := runtime.NumGoroutine()
+	releases := make([]func(context.Context, bool), 0, n)
+	for range n {
+		release, err := l.Acquire(ctx, task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	grew := runtime.NumGoroutine() - before
+	for _, release := range releases {
+		release(ctx, true)
+	}
+	if grew >= n/2 {
+		t.Fatalf("%d held slots started %d goroutines", n, grew)
 	}
 }
 
