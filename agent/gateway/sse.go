@@ -25,7 +25,12 @@ type lineReader struct {
 	beforeBlock func()
 }
 
-const lineBufStart = 4 << 10
+// lineBufStart is where the buffer starts: a chat chunk of a few words is
+// 150–400 bytes, so an ordinary stream never grows it. It is held for the
+// stream's life (1,000 open streams, 1,000 buffers), so it starts at what
+// most events need, not at the 4 KiB a Responses event with a whole
+// response object may take once; that one grows it by doubling.
+const lineBufStart = 512
 
 func newLineReader(r io.Reader, max int) *lineReader {
 	return &lineReader{r: r, buf: make([]byte, min(lineBufStart, max+1)), max: max}

@@ -529,3 +529,36 @@ func TestResponsesProviderFailedRelayed(t *testing.T) {
 		t.Fatalf("outcome %+v err %v", out, err)
 	}
 }
+
+// The line reader's buffer is held for a stream's life: an ordinary
+// stream of small events keeps it at its start size, one long event grows
+// it only as far as that event needs, and an event over the bound still
+// fails (the bound is unchanged).
+func TestLineReaderGrowsOnlyAsNeeded(t *testing.T) {
+	event := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"word "}}]}` + "\n\n"
+	rd := newSSEReader(strings.NewReader(strings.Repeat(event, 200)), DefaultMaxEvent)
+	for range 200 {
+		if _, err := rd.next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := cap(rd.lr.buf); c > 1<<10 {
+		t.Fatalf("small events held a %d-byte buffer", c)
+	}
+
+	long := "data: " + strings.Repeat("x", 10_000) + "\n\n"
+	rd = newSSEReader(strings.NewReader(long+event), DefaultMaxEvent)
+	for range 2 {
+		if _, err := rd.next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := cap(rd.lr.buf); c < 10_000 || c > 32<<10 {
+		t.Fatalf("a 10 kB event left a %d-byte buffer", c)
+	}
+
+	rd = newSSEReader(strings.NewReader("data: "+strings.Repeat("x", 5000)+"\n\n"), 4096)
+	if _, err := rd.next(); !errors.Is(err, errLineTooLong) {
+		t.Fatalf("an event over the bound: %v", err)
+	}
+}
