@@ -25,7 +25,7 @@ import (
 // buildModels returns the primary model (an OpenAI-compatible server or the
 // offline demo planner), its breaker and the fallback.
 func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify func(alert.Alert)) (*agent.Models, error) {
-	httpClient := &http.Client{Timeout: cfg.LLMTimeout}
+	httpClient := &http.Client{Timeout: cfg.LLMTimeout, Transport: modelTransport()}
 	var ms agent.Models
 	if cfg.LLMBaseURL == "" {
 		// The offline model answers the model endpoint too, through an
@@ -55,6 +55,23 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify
 		ms.Fallback = &agent.Model{Model: fb, Name: fb.Name(), BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey, HTTPClient: httpClient}
 	}
 	return &ms, nil
+}
+
+// modelTransport is the transport of the model providers: Go's default
+// (proxy from the environment, HTTP/2 where the provider offers it) with
+// 1 KiB connection buffers instead of 4 KiB each way. Over HTTP/1.1 every
+// open stream is a connection of its own, and both buffers live as long
+// as it does, though the write buffer is done once the request is sent
+// (a body past it goes straight to the socket) and the read buffer only
+// frames the chunks of an SSE stream whose events arrive a few hundred
+// bytes at a time (a larger read bypasses it). 1,000 open streams keep
+// 6 MB less (BenchmarkGovernedOpenStreams). HTTP/2 connections, shared by
+// many streams, keep their own buffers.
+func modelTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.ReadBufferSize = 1 << 10
+	t.WriteBufferSize = 1 << 10
+	return t
 }
 
 // buildToolbox returns the per-task tool factory. Two process-wide

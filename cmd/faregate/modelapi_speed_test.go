@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -76,7 +77,11 @@ func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.Ha
 	ctx := context.Background()
 	r := &endpointRig{upstream: httptest.NewServer(upstream)}
 	tb.Cleanup(r.upstream.Close)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}}
+	// run's model transport (buildModels), with idle connections for
+	// every worker of the benchmarks.
+	tr := modelTransport()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 4096, 4096
+	client := &http.Client{Transport: tr}
 
 	models := &agent.Models{Primary: agent.Model{Name: endpointModel, BaseURL: r.upstream.URL + "/v1", HTTPClient: client}}
 	d := agent.Deps{
@@ -304,5 +309,35 @@ func TestGovernedEndpointRoundTrips(t *testing.T) {
 				t.Fatalf("model steps: %d, %v; want 2", n, err)
 			}
 		})
+	}
+}
+
+// The model transport's 1 KiB buffers bound nothing a provider may send:
+// a header line, an SSE event and a request body several times their
+// size pass whole (textproto joins a header line over reads; a body or a
+// read past the buffer goes around it).
+func TestGovernedModelTransportLongLines(t *testing.T) {
+	event := "data: " + strings.Repeat("e", 10_000) + "\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		w.Header().Set("X-Long", strings.Repeat("h", 3000))
+		w.Header().Set("X-Body", strconv.FormatInt(n, 10))
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, event)
+	}))
+	defer up.Close()
+	client := &http.Client{Transport: modelTransport()}
+	resp, err := client.Post(up.URL, "application/json", strings.NewReader(strings.Repeat("b", 64<<10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Header.Get("X-Long")) != 3000 || resp.Header.Get("X-Body") != "65536" || string(got) != event {
+		t.Fatalf("header %d bytes, body seen %q, event %d bytes", len(resp.Header.Get("X-Long")), resp.Header.Get("X-Body"), len(got))
 	}
 }
