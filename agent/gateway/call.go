@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -213,10 +212,16 @@ var upstreamPath = map[string]string{
 // send posts the patched request and checks the status.
 func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response, error) {
 	u := strings.TrimRight(a.Upstream.BaseURL, "/") + upstreamPath[c.kind]
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(c.body(a)))
+	sent := newSentBody(c.body(a))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, sent.reader())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
 	}
+	req.ContentLength, req.GetBody = int64(len(sent.bytes())), sent.rewind
+	// Once the provider answered, the body is never sent again; the
+	// transport still holds the request as long as the answer (a stream's
+	// whole life), and must not hold the prompt with it.
+	defer sent.forget()
 	req.Header.Set("Content-Type", "application/json")
 	if c.stream {
 		req.Header.Set("Accept", "text/event-stream")
@@ -253,6 +258,73 @@ func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response,
 		ue.After = time.Duration(min(s, 60)) * time.Second
 	}
 	return nil, ue
+}
+
+// forget drops the parsed request (and with it the client's body) once
+// the answer has started: no other attempt can follow (serveCall refuses
+// one), so the body is never encoded again.
+func (c *call) forget() { c.obj, c.streamOptions = nil, nil }
+
+// sentBody is a request body that lets go of its bytes: the transport
+// reads it once, and rewinds it (GetBody) only to send it again on a fresh
+// connection when a reused one failed before any of it was written, which
+// can happen only before the answer. After forget, and after a reader has
+// read it to the end or been closed, nothing of it is held.
+type sentBody struct {
+	b atomic.Pointer[[]byte]
+}
+
+var errBodyForgotten = errors.New("gateway: the request body was already sent")
+
+func newSentBody(b []byte) *sentBody {
+	s := &sentBody{}
+	s.b.Store(&b)
+	return s
+}
+
+func (s *sentBody) bytes() []byte {
+	if p := s.b.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *sentBody) forget() { s.b.Store(nil) }
+
+func (s *sentBody) reader() io.ReadCloser { return &dropReader{b: s.bytes()} }
+
+func (s *sentBody) rewind() (io.ReadCloser, error) {
+	b := s.bytes()
+	if b == nil {
+		return nil, errBodyForgotten
+	}
+	return &dropReader{b: b}, nil
+}
+
+// dropReader reads b and drops it at its end or on Close (the transport
+// may close it from another goroutine than the one reading).
+type dropReader struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (d *dropReader) Read(p []byte) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.b) == 0 {
+		d.b = nil
+		return 0, io.EOF
+	}
+	n := copy(p, d.b)
+	d.b = d.b[n:]
+	return n, nil
+}
+
+func (d *dropReader) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.b = nil
+	return nil
 }
 
 // answer is what a non-streamed answer is read for: usage and the output

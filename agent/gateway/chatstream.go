@@ -71,6 +71,7 @@ const (
 // The final data: [DONE] is left in held, for after the settle.
 func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, held *heldEnd) (Outcome, error) {
 	sw := newSSEWriter(w)
+	sw.onStart = c.forget // a stream must not hold the prompt for its life
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
 	oc := newOutCounter(a.Model)

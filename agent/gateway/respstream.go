@@ -141,6 +141,7 @@ func kindOf(ev *respEvent) byte {
 // official clients act on it) is left in held, for after the settle.
 func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, held *heldEnd) (Outcome, error) {
 	sw := newSSEWriter(w)
+	sw.onStart = c.forget // a stream must not hold the prompt for its life
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
 	oc, reasoning := newOutCounter(a.Model), newOutCounter(a.Model)

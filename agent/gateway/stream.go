@@ -14,6 +14,9 @@ type sseWriter struct {
 	dirty   bool
 	err     error
 	buf     []byte
+	// onStart runs when the first event goes out: the answer is
+	// committed, no other attempt follows.
+	onStart func()
 }
 
 func newSSEWriter(w http.ResponseWriter) *sseWriter {
@@ -25,6 +28,9 @@ func (s *sseWriter) start() {
 		return
 	}
 	s.started = true
+	if s.onStart != nil {
+		s.onStart()
+	}
 	h := s.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")

@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -561,4 +564,77 @@ func TestLineReaderGrowsOnlyAsNeeded(t *testing.T) {
 	if _, err := rd.next(); !errors.Is(err, errLineTooLong) {
 		t.Fatalf("an event over the bound: %v", err)
 	}
+}
+
+// An open stream holds nothing of its prompt: neither the client's body
+// (parsed, counted, then never encoded again once the answer started) nor
+// the patched copy sent upstream (the transport keeps the request as long
+// as the answer). Four streams of a 1 MiB prompt, chat and Responses,
+// held 8 MiB of it before.
+func TestOpenStreamHoldsNoPrompt(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.HasSuffix(r.URL.Path, "/responses") {
+			responsesOpening(w)
+		} else {
+			_, _ = io.WriteString(w, chunkJSON("first ")+"\n\n")
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer up.Close()
+	const model = "llama-test" // counted with the bound: fast on a MiB
+	e := newEnv(t, Upstream{BaseURL: up.URL + "/v1", Client: up.Client()}, nil)
+	e.task.Models = []string{model}
+	prompt := strings.Repeat("word ", 1<<20/5)
+	bodies := map[string][]byte{
+		"/v1/chat/completions": []byte(`{"model":"` + model + `","stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`),
+		"/v1/responses":        []byte(`{"model":"` + model + `","stream":true,"input":"` + prompt + `"}`),
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for path, body := range bodies {
+		t.Run(path, func(t *testing.T) {
+			const n = 4
+			base := heapInUse()
+			var open []io.Closer
+			for range n {
+				// The client's body is the one slice made before base.
+				req, _ := http.NewRequest(http.MethodPost, e.srv.URL+path, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				open = append(open, resp.Body)
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+				if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held := heapInUse() - base
+			for _, c := range open {
+				c.Close()
+			}
+			if held > n*int64(len(body))/2 {
+				t.Fatalf("%d open streams of a %d-byte prompt hold %d bytes", n, len(body), held)
+			}
+		})
+	}
+}
+
+// heapInUse is the heap in use after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse)
 }
