@@ -251,11 +251,15 @@ func BenchmarkGovernedEndpointStream(b *testing.B) {
 // once through the endpoint (FAREGATE_AGENT_MAX_PARALLEL raised to let
 // them) and reports the memory each costs: the whole process (client,
 // endpoint and upstream sides) and, against the same 1,000 streams opened
-// directly on the upstream, the endpoint's own part.
+// directly on the upstream, the endpoint's own part; then the same with
+// a 32 KiB prompt (an agent's conversation a few turns in), whose
+// endpoint part is what the endpoint holds of a prompt it has forwarded
+// (B/stream-endpoint-32KiB; the client's body is one string shared by
+// every request, so neither side counts copies of it).
 func BenchmarkGovernedOpenStreams(b *testing.B) {
 	const n = 1000
 	release := make(chan struct{})
-	rig, _, _ := speedRig(b, func(w http.ResponseWriter, r *http.Request) {
+	upstream := func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"first "}}]}`+"\n\n")
@@ -265,10 +269,17 @@ func BenchmarkGovernedOpenStreams(b *testing.B) {
 		case <-r.Context().Done():
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	}, 2*n)
+	}
+	rig, _, _ := speedRig(b, upstream, 2*n)
+	// The large prompts go to a task of their own, on a Redis of their
+	// own: after the small ones its principal's input-spike check would
+	// refuse them.
+	bigRig, _, _ := speedRig(b, upstream, 2*n)
 	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	bigBody := strings.Replace(body, `"Three days in Lisbon, food and history."`,
+		`"`+strings.Repeat("Three days in Lisbon, food and history. ", 32<<10/40)+`"`, 1)
 	goroutines := runtime.NumGoroutine()
-	open := func(u, key string) (func(), int64) {
+	open := func(u, key, body string) (func(), int64) {
 		// The streams of the round before must be gone (their handlers and
 		// connections), or the base counts them and the difference goes
 		// negative.
@@ -312,12 +323,17 @@ func BenchmarkGovernedOpenStreams(b *testing.B) {
 	}
 	path := "/v1/chat/completions"
 	for range b.N {
-		closeDirect, direct := open(rig.upstream.URL+path, "")
+		closeDirect, direct := open(rig.upstream.URL+path, "", body)
 		closeDirect()
-		closeEp, total := open(rig.endpoint.URL+path, rig.key)
+		closeEp, total := open(rig.endpoint.URL+path, rig.key, body)
 		closeEp()
 		b.ReportMetric(float64(total)/n, "B/stream-all")
 		b.ReportMetric((float64(total)-float64(direct))/n, "B/stream-endpoint")
+		closeDirect, direct = open(bigRig.upstream.URL+path, "", bigBody)
+		closeDirect()
+		closeEp, total = open(bigRig.endpoint.URL+path, bigRig.key, bigBody)
+		closeEp()
+		b.ReportMetric((float64(total)-float64(direct))/n, "B/stream-endpoint-32KiB")
 	}
 	close(release)
 }
