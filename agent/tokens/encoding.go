@@ -3,6 +3,7 @@ package tokens
 import (
 	"fmt"
 	"hash/maphash"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -55,6 +56,8 @@ type encoding struct {
 	seed  maphash.Seed
 	memo  map[uint64]int64
 	short map[uint64]int64
+	// slots bounds the long texts counted at once (countLong).
+	slots chan struct{}
 }
 
 // Memo limits: texts of memoLongBytes or more go to the long memo; each
@@ -106,8 +109,25 @@ func (e *encoding) load() (*tiktoken.Tiktoken, error) {
 		e.seed = maphash.MakeSeed()
 		e.memo = make(map[uint64]int64)
 		e.short = make(map[uint64]int64)
+		e.slots = make(chan struct{}, runtime.GOMAXPROCS(0))
 	})
 	return e.tk, e.err
+}
+
+// countLong counts a long text the memo did not know. tiktoken-go's
+// regexp2 pre-tokenizer caches a matcher for every match ever run at the
+// same time and never empties one: each keeps the runes of the last text
+// it matched (4 bytes a character), so a burst of N long prompts counted at
+// once would hold N × 4 × their size for the process's life. Long texts
+// are counted at most GOMAXPROCS at a time (counting is CPU work: more at
+// once is not faster), and each count leaves the matcher it used, the last
+// one put back and the next one taken, on an empty text.
+func (e *encoding) countLong(text string) int64 {
+	e.slots <- struct{}{}
+	defer func() { <-e.slots }()
+	n := int64(len(e.tk.EncodeOrdinary(text)))
+	e.tk.EncodeOrdinary("")
+	return n
 }
 
 // count returns the tokens of text; the encoding must be loaded.
@@ -123,7 +143,11 @@ func (e *encoding) count(text string) int64 {
 	if ok {
 		return n
 	}
-	n = int64(len(e.tk.EncodeOrdinary(text)))
+	if len(text) < memoLongBytes {
+		n = int64(len(e.tk.EncodeOrdinary(text)))
+	} else {
+		n = e.countLong(text)
+	}
 	e.mu.Lock()
 	if len(memo) >= memoEntries {
 		clear(memo)
