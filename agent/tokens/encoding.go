@@ -122,10 +122,19 @@ func (e *encoding) load() (*tiktoken.Tiktoken, error) {
 // are counted at most GOMAXPROCS at a time (counting is CPU work: more at
 // once is not faster), and each count leaves the matcher it used, the last
 // one put back and the next one taken, on an empty text.
-func (e *encoding) countLong(text string) int64 {
+//
+// A text that waited for a slot is looked up again: the same conversation
+// sent by parallel calls is counted once, not once per call.
+func (e *encoding) countLong(key uint64, text string) int64 {
 	e.slots <- struct{}{}
 	defer func() { <-e.slots }()
-	n := int64(len(e.tk.EncodeOrdinary(text)))
+	e.mu.Lock()
+	n, ok := e.memo[key]
+	e.mu.Unlock()
+	if ok {
+		return n
+	}
+	n = int64(len(e.tk.EncodeOrdinary(text)))
 	e.tk.EncodeOrdinary("")
 	return n
 }
@@ -146,7 +155,7 @@ func (e *encoding) count(text string) int64 {
 	if len(text) < memoLongBytes {
 		n = int64(len(e.tk.EncodeOrdinary(text)))
 	} else {
-		n = e.countLong(text)
+		n = e.countLong(key, text)
 	}
 	e.mu.Lock()
 	if len(memo) >= memoEntries {
