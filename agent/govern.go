@@ -207,10 +207,23 @@ func (g *Governor) Call(ctx context.Context, spec Spec, attempt func(ctx context
 	if c.lg == nil {
 		c.lg = g.d.Logger
 	}
-	out, err := c.do(ctx)
-	out.Charged, out.Waited = c.usage, c.waited
-	c.release(ctx, c.ends(out, err)...)
-	return out, err
+	err := c.call(ctx)
+	return c.out, err
+}
+
+// call is Call's work, its outcome left in c.out. An attempt (a stream,
+// for as long as it is open) runs under call's frame and do's, so they
+// keep no large locals: what comes after the attempts is finish's.
+func (c *governedCall) call(ctx context.Context) error {
+	err := c.do(ctx, &c.out)
+	c.out.Charged, c.out.Waited = c.usage, c.waited
+	c.finish(ctx, err)
+	return err
+}
+
+// finish gives back what no attempt used, with the hold's end and After.
+func (c *governedCall) finish(ctx context.Context, err error) {
+	c.release(ctx, c.ends(c.out, err)...)
 }
 
 // ends are the hold's end and the caller's after-call write (Spec.After),
@@ -269,6 +282,15 @@ type governedCall struct {
 	// Spec.After ran.
 	held                   HoldEnd
 	holdRefused, afterDone bool
+
+	// tryRes, tryPrompt and tryOut are the current attempt's reservation,
+	// prompt and outcome, kept here rather than on the stack an attempt
+	// (a stream, for as long as it is open) runs under.
+	tryRes    budget.Reservation
+	tryPrompt int64
+	tryOut    Outcome
+	// out is what Call returns.
+	out Outcome
 }
 
 // bucketTake is tokens taken from a bucket (by BeforeCall or Pace): the
@@ -282,33 +304,52 @@ type bucketTake struct {
 // principal's tokens per minute (and the input spike check), then the
 // budget. Both come before the breaker sees the call: a refusal is not a
 // provider failure and must never count towards opening it.
-func (c *governedCall) do(ctx context.Context) (Outcome, error) {
+func (c *governedCall) do(ctx context.Context, out *Outcome) error {
 	g := c.g
-	first := g.d.Models.Next(c.spec.LowPrecision)
+	if err := c.bookFirst(ctx, out); err != nil {
+		return err
+	}
+	used, fellBack, err := g.d.Models.Do(ctx, c.spec.LowPrecision, func(ctx context.Context, mdl Model) error {
+		return c.tryModel(ctx, &mdl, out)
+	})
+	out.Model, out.FellBack = used, fellBack
+	return err
+}
+
+// bookFirst plans and books the call for the model Do tries first; a
+// refusal is out's, naming that model.
+func (c *governedCall) bookFirst(ctx context.Context, out *Outcome) error {
+	first := c.g.d.Models.Next(c.spec.LowPrecision)
 	c.plan(first.Name)
 	// The site's turn is waited for here, outside the breaker, so the wait
 	// never makes the call look slow.
 	if err := c.book(ctx, first.Name); err != nil {
-		return Outcome{Model: first}, err
+		*out = Outcome{Model: first}
+		return err
 	}
-	var out Outcome
-	used, fellBack, err := g.d.Models.Do(ctx, c.spec.LowPrecision, func(ctx context.Context, mdl Model) error {
-		if err := c.prepare(ctx, mdl); err != nil {
-			return err
-		}
-		o, err := c.try(ctx, mdl)
-		if err != nil {
-			if o.Started {
-				return fmt.Errorf("%w: %w", errStarted, err)
-			}
-			return err
-		}
-		out = o
-		return nil
-	})
-	out.Model, out.FellBack = used, fellBack
-	return out, err
+	return nil
 }
+
+// tryModel is one attempt of Do's on mdl: out is set when it answered.
+func (c *governedCall) tryModel(ctx context.Context, mdl *Model, out *Outcome) error {
+	if err := c.prepare(ctx, *mdl); err != nil {
+		return err
+	}
+	o := &c.tryOut
+	*o = Outcome{}
+	if err := c.try(ctx, mdl, o); err != nil {
+		if o.Started {
+			return startedError(err)
+		}
+		return err
+	}
+	*out = *o
+	return nil
+}
+
+// startedError marks err as an attempt's whose output had reached the
+// client (kept out of tryModel's frame, which an attempt runs under).
+func startedError(err error) error { return fmt.Errorf("%w: %w", errStarted, err) }
 
 // prepare makes sure the attempt on mdl has its own reservation, priced for
 // mdl, and its turn at the site bucket. The first attempt has what do
@@ -786,16 +827,34 @@ func (c *governedCall) release(ctx context.Context, also ...func(ctx context.Con
 
 // try is one attempt on model mdl under the call's open reservation,
 // which it settles (the ledger entry riding in the settle's script).
-func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
+//
+// The attempt runs under try's frame for as long as it streams (the model
+// endpoint's open streams, each a goroutine): try is kept small, and what
+// follows the attempt (the settle's locals, the ledger entry, the log
+// line) lives in settleTry's frame, which the attempt never runs under.
+func (c *governedCall) try(ctx context.Context, mdl *Model, out *Outcome) error {
 	g := c.g
-	res, prompt := c.res, c.prompt
+	res := &c.tryRes
+	*res, c.tryPrompt = c.res, c.prompt
 	c.resOpen = false
 	ctx, span := g.startModel(ctx, c.spec.Kind, mdl.Name, res.Tokens)
-
 	start := time.Now()
-	out, err := c.attempt(ctx, Attempt{Model: mdl, Fallback: mdl.Name != g.d.Models.Primary.Name,
-		PromptTokens: prompt, MaxOutput: res.Tokens - prompt})
-	latency := time.Since(start)
+	err := c.runAttempt(ctx, mdl, out)
+	return c.settleTry(ctx, mdl, span, out, err, time.Since(start))
+}
+
+// runAttempt calls the attempt on mdl under the reservation try took.
+func (c *governedCall) runAttempt(ctx context.Context, mdl *Model, out *Outcome) error {
+	var err error
+	*out, err = c.attempt(ctx, Attempt{Model: *mdl, Fallback: mdl.Name != c.g.d.Models.Primary.Name,
+		PromptTokens: c.tryPrompt, MaxOutput: c.tryRes.Tokens - c.tryPrompt})
+	return err
+}
+
+// settleTry settles the attempt try made (out, err, after latency).
+func (c *governedCall) settleTry(ctx context.Context, mdl *Model, span modelSpan, out *Outcome, err error, latency time.Duration) error {
+	g := c.g
+	res, prompt := c.tryRes, c.tryPrompt
 	usage := out.Usage
 	unreadable := errors.Is(err, chat.ErrUnreadable)
 
@@ -842,7 +901,7 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 	reported := usage.Reported && !implausible
 	var entry budget.Entry
 	if g.d.Ledger != nil {
-		entry = budget.Entry{Task: c.spec.TaskID, Model: c.ledgerModel(mdl), Principal: c.spec.Principal.ID, RequestID: c.spec.RequestID,
+		entry = budget.Entry{Task: c.spec.TaskID, Model: c.ledgerModel(*mdl), Principal: c.spec.Principal.ID, RequestID: c.spec.RequestID,
 			PromptTokens: promptUsed, CompletionTokens: completion, Reserved: res.Tokens, LatencyMS: latency.Milliseconds(),
 			Outcome: outcome, Estimated: !reported, Implausible: implausible}
 		call.Ledger = &entry
@@ -875,8 +934,8 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 		// The attempt answered: no fallback follows, and the hold and the
 		// caller's after-call write end with the settle. Their Outcome is
 		// the one Call returns.
-		o := out
-		o.Model, o.FellBack, o.Charged, o.Waited = mdl, mdl.Name != g.d.Models.Primary.Name, c.usage, c.waited
+		o := *out
+		o.Model, o.FellBack, o.Charged, o.Waited = *mdl, mdl.Name != g.d.Models.Primary.Name, c.usage, c.waited
 		wave = append(wave, c.ends(o, nil)...)
 	}
 	redisbatch.Run(ctx, wave...)
@@ -892,11 +951,11 @@ func (c *governedCall) try(ctx context.Context, mdl Model) (Outcome, error) {
 	span.end(outcome, promptUsed, completion, !reported, c.waited.Milliseconds())
 	if !ok {
 		if ctx.Err() != nil {
-			return out, ctx.Err()
+			return ctx.Err()
 		}
-		return out, err
+		return err
 	}
-	return out, nil
+	return nil
 }
 
 // ledgerModel is the model a ledger entry names: the one that answered.

@@ -46,15 +46,60 @@ func (d *chatDelta) count(oc *outCounter) {
 // Choices is nil when absent or null, empty when [] (vLLM and OpenAI send
 // the usage chunk each way).
 type chatChunk struct {
-	ID      string          `json:"id"`
-	Created json.RawMessage `json:"created"`
-	Model   string          `json:"model"`
-	Choices *[]struct {
-		Delta        chatDelta `json:"delta"`
-		FinishReason *string   `json:"finish_reason"`
-	} `json:"choices"`
-	Usage *json.RawMessage `json:"usage"`
-	Error json.RawMessage  `json:"error"`
+	ID      string           `json:"id"`
+	Created json.RawMessage  `json:"created"`
+	Model   string           `json:"model"`
+	Choices *[]chatChoice    `json:"choices"`
+	Usage   *json.RawMessage `json:"usage"`
+	Error   json.RawMessage  `json:"error"`
+}
+
+// chatChoice is a chunk's choice: its delta as decodeChunk decoded it.
+type chatChoice struct {
+	Delta        rawDeltas `json:"delta"`
+	FinishReason *string   `json:"finish_reason"`
+	delta        chatDelta
+}
+
+// decodeChunk decodes data into ch, each choice's delta after the chunk
+// (rawDeltas); any error, the chunk's or a delta's, is the chunk's.
+func decodeChunk(data []byte, ch *chatChunk) error {
+	if err := json.Unmarshal(data, ch); err != nil {
+		return err
+	}
+	if ch.Choices == nil {
+		return nil
+	}
+	for i := range *ch.Choices {
+		c := &(*ch.Choices)[i]
+		if err := c.Delta.decode(&c.delta); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rawDeltas is a choice's delta as the chunk's decode found it, each
+// occurrence of the key in order (a provider may repeat it; decoded in
+// turn into one chatDelta, as encoding/json merges a repeated key into one
+// struct). The delta is decoded after the chunk, not inside it: a chunk
+// decoded in one pass nests the delta's frames under the chunk's, and
+// the relay's deepest point sets the stack every open stream keeps.
+type rawDeltas [][]byte
+
+func (r *rawDeltas) UnmarshalJSON(b []byte) error {
+	*r = append(*r, b) // a slice of the chunk, used only by decodeChunk, while the chunk is
+	return nil
+}
+
+// decode decodes the deltas into d, in order; an error is the chunk's.
+func (r rawDeltas) decode(d *chatDelta) error {
+	for _, b := range r {
+		if err := json.Unmarshal(b, d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // streamEnd is why a relay stopped.
@@ -96,7 +141,7 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 			break
 		}
 		var ch chatChunk
-		if json.Unmarshal(data, &ch) != nil {
+		if decodeChunk(data, &ch) != nil {
 			end, brokenReason = endBroken, "an event that is not a chunk"
 			if ctx.Err() != nil {
 				end = endCut
@@ -130,7 +175,7 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 		} else {
 			before := oc.Tokens()
 			for i := range *ch.Choices {
-				(*ch.Choices)[i].Delta.count(oc)
+				(*ch.Choices)[i].delta.count(oc)
 			}
 			if a.MaxOutput > 0 && oc.Tokens() > a.MaxOutput {
 				passed, end = before, endCut

@@ -58,6 +58,9 @@ type endpointRig struct {
 	// served, when set, is told when a request's handler has returned
 	// (the settle comes after the answer reached the client).
 	served func()
+	// handler is what endpoint serves, to call in a goroutine of a test's
+	// own.
+	handler http.Handler
 }
 
 // newEndpointRig starts the rig on rdb. maxParallel is the task's
@@ -73,6 +76,13 @@ func newEndpointRig(tb testing.TB, rdb redis.UniversalClient, upstream http.Hand
 // redisbatch's hook, each command of a round trip goes on its own).
 func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.HandlerFunc, maxParallel int) *endpointRig {
 	tb.Helper()
+	return newEndpointRigVia(tb, rdb, upstream, maxParallel, nil)
+}
+
+// newEndpointRigVia is newEndpointRigOn whose model calls go through rt
+// instead of run's model transport to the upstream (nil: they do).
+func newEndpointRigVia(tb testing.TB, rdb redis.UniversalClient, upstream http.HandlerFunc, maxParallel int, rt http.RoundTripper) *endpointRig {
+	tb.Helper()
 	tokens.ForModel(endpointModel) // the tables load once, at start-up in faregate
 	ctx := context.Background()
 	r := &endpointRig{upstream: httptest.NewServer(upstream)}
@@ -82,6 +92,9 @@ func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.Ha
 	tr := modelTransport()
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 4096, 4096
 	client := &http.Client{Transport: tr}
+	if rt != nil {
+		client = &http.Client{Transport: rt}
+	}
 
 	models := &agent.Models{Primary: agent.Model{Name: endpointModel, BaseURL: r.upstream.URL + "/v1", HTTPClient: client}}
 	d := agent.Deps{
@@ -117,7 +130,7 @@ func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.Ha
 	})
 	// The key's check as api's v1Auth makes it (its Watch of open requests
 	// is a loop of its own, off the call's path, and left out here).
-	r.endpoint = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if r.served != nil {
 			defer r.served()
 		}
@@ -128,7 +141,8 @@ func newEndpointRigOn(tb testing.TB, rdb redis.UniversalClient, upstream http.Ha
 			return
 		}
 		h.ServeHTTP(w, req.WithContext(taskkey.WithGrant(req.Context(), g)))
-	}))
+	})
+	r.endpoint = httptest.NewServer(r.handler)
 	tb.Cleanup(r.endpoint.Close)
 	return r
 }
