@@ -339,6 +339,19 @@ type answer struct {
 	Error  json.RawMessage  `json:"error"`
 }
 
+// decode decodes raw into a, its messages' tool calls included.
+func (a *answer) decode(raw []byte) error {
+	if err := json.Unmarshal(raw, a); err != nil {
+		return err
+	}
+	for i := range a.Choices {
+		if err := a.Choices[i].Message.decodeTools(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // respItem is an output item of a Responses answer.
 type respItem struct {
 	Type      string `json:"type"`
@@ -384,7 +397,7 @@ func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call
 		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer: %v", ErrUpstream, err)
 	}
 	var ans answer
-	if err := json.Unmarshal(raw, &ans); err != nil || ans.Error != nil && !isNull(ans.Error) {
+	if err := ans.decode(raw); err != nil || ans.Error != nil && !isNull(ans.Error) {
 		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer is not a %s result", ErrUpstream, c.kind)
 	}
 	// A report-less answer is settled on this count, so it uses the

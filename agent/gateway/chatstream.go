@@ -18,12 +18,29 @@ type chatDelta struct {
 	ReasoningContent *string `json:"reasoning_content"`
 	Reasoning        *string `json:"reasoning"`
 	Refusal          *string `json:"refusal"`
-	ToolCalls        []struct {
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	} `json:"tool_calls"`
+	// ToolCalls' functions are decoded after the delta (decodeTools).
+	ToolCalls []chatToolCall `json:"tool_calls"`
+}
+
+// chatToolCall is a tool call of a delta: its function as decodeTools
+// decoded it.
+type chatToolCall struct {
+	Function rawJSON `json:"function"`
+	fn       struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	}
+}
+
+// decodeTools decodes the tool calls' functions, once d is decoded.
+func (d *chatDelta) decodeTools() error {
+	for i := range d.ToolCalls {
+		tc := &d.ToolCalls[i]
+		if err := tc.Function.decode(&tc.fn); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *chatDelta) count(oc *outCounter) {
@@ -33,69 +50,79 @@ func (d *chatDelta) count(oc *outCounter) {
 		}
 	}
 	for _, tc := range d.ToolCalls {
-		if tc.Function.Name != "" {
-			oc.Part(5, tc.Function.Name)
+		if tc.fn.Name != "" {
+			oc.Part(5, tc.fn.Name)
 		}
-		if tc.Function.Arguments != "" {
-			oc.Part(6, tc.Function.Arguments)
+		if tc.fn.Arguments != "" {
+			oc.Part(6, tc.fn.Arguments)
 		}
 	}
 }
 
 // chatChunk is the part of a chat.completion.chunk the relay reads.
-// Choices is nil when absent or null, empty when [] (vLLM and OpenAI send
+// choices is nil when absent or null, empty when [] (vLLM and OpenAI send
 // the usage chunk each way).
 type chatChunk struct {
 	ID      string           `json:"id"`
 	Created json.RawMessage  `json:"created"`
 	Model   string           `json:"model"`
-	Choices *[]chatChoice    `json:"choices"`
+	Choices rawJSON          `json:"choices"`
+	choices *[]chatChoice    // Choices, as decodeChunk decoded them
 	Usage   *json.RawMessage `json:"usage"`
 	Error   json.RawMessage  `json:"error"`
 }
 
 // chatChoice is a chunk's choice: its delta as decodeChunk decoded it.
 type chatChoice struct {
-	Delta        rawDeltas `json:"delta"`
-	FinishReason *string   `json:"finish_reason"`
+	Delta        rawJSON `json:"delta"`
+	FinishReason *string `json:"finish_reason"`
 	delta        chatDelta
 }
 
-// decodeChunk decodes data into ch, each choice's delta after the chunk
-// (rawDeltas); any error, the chunk's or a delta's, is the chunk's.
+// decodeChunk decodes data into ch: its choices after the chunk, each
+// choice's delta after the choices and its tool calls' functions after the
+// delta (rawJSON); any error, the chunk's or a part's, is the chunk's.
 func decodeChunk(data []byte, ch *chatChunk) error {
 	if err := json.Unmarshal(data, ch); err != nil {
 		return err
 	}
-	if ch.Choices == nil {
+	if err := ch.Choices.decode(&ch.choices); err != nil {
+		return err
+	}
+	if ch.choices == nil {
 		return nil
 	}
-	for i := range *ch.Choices {
-		c := &(*ch.Choices)[i]
+	for i := range *ch.choices {
+		c := &(*ch.choices)[i]
 		if err := c.Delta.decode(&c.delta); err != nil {
+			return err
+		}
+		if err := c.delta.decodeTools(); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// rawDeltas is a choice's delta as the chunk's decode found it, each
-// occurrence of the key in order (a provider may repeat it; decoded in
-// turn into one chatDelta, as encoding/json merges a repeated key into one
-// struct). The delta is decoded after the chunk, not inside it: a chunk
-// decoded in one pass nests the delta's frames under the chunk's, and
-// the relay's deepest point sets the stack every open stream keeps.
-type rawDeltas [][]byte
+// rawJSON is a value as the decode of the object holding it found it:
+// each occurrence of its key, in order (a provider may repeat one; they are
+// decoded in turn into one value, as encoding/json merges a repeated key
+// into one struct). The relay decodes a chunk's choices, their deltas and
+// their tool calls' functions each after the level above, not inside it: decoded in one pass,
+// each level's frames nest under the one above, and the relay's deepest
+// point sets the stack each open stream keeps for its life.
+type rawJSON [][]byte
 
-func (r *rawDeltas) UnmarshalJSON(b []byte) error {
-	*r = append(*r, b) // a slice of the chunk, used only by decodeChunk, while the chunk is
+func (r *rawJSON) UnmarshalJSON(b []byte) error {
+	*r = append(*r, bytes.Clone(b)) // b is not ours past the call
+
 	return nil
 }
 
-// decode decodes the deltas into d, in order; an error is the chunk's.
-func (r rawDeltas) decode(d *chatDelta) error {
+// decode decodes each occurrence into v, in order.
+func (r rawJSON) decode(v any) error {
 	for _, b := range r {
-		if err := json.Unmarshal(b, d); err != nil {
+		if err := json.Unmarshal(b, v); err != nil {
 			return err
 		}
 	}
@@ -120,75 +147,85 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
 	oc := newOutCounter(a.Model)
-	var (
-		passed       int64
-		reported     *Usage
-		usageSent    bool
-		id, model    string
-		created      = h.o.Now().Unix()
-		end          streamEnd
-		brokenReason string
-	)
+	e := chatEnd{created: h.o.Now().Unix()}
 	for {
 		ev, err := rd.next()
 		if err != nil {
-			end, brokenReason = readEnd(ctx, err)
+			e.end, e.brokenReason = readEnd(ctx, err)
 			break
 		}
 		data := bytes.TrimSpace(ev.data)
 		if string(data) == "[DONE]" {
-			end = endDone
+			e.end = endDone
 			break
 		}
 		var ch chatChunk
 		if decodeChunk(data, &ch) != nil {
-			end, brokenReason = endBroken, "an event that is not a chunk"
+			e.end, e.brokenReason = endBroken, "an event that is not a chunk"
 			if ctx.Err() != nil {
-				end = endCut
+				e.end = endCut
 			}
 			break
 		}
 		if len(ch.Error) > 0 && !isNull(ch.Error) {
-			end, brokenReason = endBroken, "an error event"
+			e.end, e.brokenReason = endBroken, "an error event"
 			break
 		}
-		if id == "" {
-			id, model = boundedName(ch.ID), boundedName(ch.Model)
+		if e.id == "" {
+			e.id, e.model = boundedName(ch.ID), boundedName(ch.Model)
 			if n, ok := asInt(ch.Created); ok {
-				created = n
+				e.created = n
 			}
 		}
 		if ch.Usage != nil && !isNull(*ch.Usage) {
 			u := h.usage(c, ch.Usage, 0)
 			if u.Reported {
-				reported = &u
+				e.reported = &u
 			}
 		}
-		if ch.Choices == nil || len(*ch.Choices) == 0 {
+		if ch.choices == nil || len(*ch.choices) == 0 {
 			// The usage chunk goes to the client only if it asked.
 			if ch.Usage != nil && !isNull(*ch.Usage) && !c.includeUsage {
 				continue
 			}
 			if ch.Usage != nil && !isNull(*ch.Usage) {
-				usageSent = true
+				e.usageSent = true
 			}
 		} else {
 			before := oc.Tokens()
-			for i := range *ch.Choices {
-				(*ch.Choices)[i].delta.count(oc)
+			for i := range *ch.choices {
+				(*ch.choices)[i].delta.count(oc)
 			}
 			if a.MaxOutput > 0 && oc.Tokens() > a.MaxOutput {
-				passed, end = before, endCut
+				e.passed, e.end = before, endCut
 				break
 			}
 		}
-		passed = oc.Tokens()
+		e.passed = oc.Tokens()
 		if sw.send("", oneLine(data)) != nil {
-			end = endGone
+			e.end = endGone
 			break
 		}
 	}
+	return h.endChat(sw, c, held, &e)
+}
 
+// chatEnd is what relayChat's loop leaves for the stream's end.
+type chatEnd struct {
+	passed       int64
+	reported     *Usage
+	usageSent    bool
+	id, model    string
+	created      int64
+	end          streamEnd
+	brokenReason string
+}
+
+// endChat ends a chat stream relayChat relayed, as e says it stopped
+// (its own frame: the relay's loop, where a stream stays open, does not
+// carry the ending's locals).
+func (h *handler) endChat(sw *sseWriter, c *call, held *heldEnd, e *chatEnd) (Outcome, error) {
+	passed, reported, usageSent, id, model, created, end, brokenReason := e.passed, e.reported, e.usageSent, e.id, e.model, e.created, e.end, e.brokenReason
 	out := Outcome{Counted: passed, Model: model}
 	out.Usage = Usage{Prompt: c.prompt, Completion: passed}
 	if reported != nil && end == endDone {

@@ -16,10 +16,10 @@ import (
 
 // heldUpstream is a model provider in memory: each call's answer streams
 // its events, then holds until release is closed (or the call's context
-// ends), then sends [DONE]. No goroutine serves it: a held stream's only
+// ends), then sends end. No goroutine serves it: a held stream's only
 // goroutine is its handler's.
 type heldUpstream struct {
-	events string
+	events, end string
 	// release and blocked are each round's: blocked is told once per
 	// call, when its answer has been read to the hold.
 	release chan struct{}
@@ -49,7 +49,7 @@ func (b *heldBody) Read(p []byte) (int, error) {
 		b.u.blocked <- struct{}{}
 		select {
 		case <-b.u.release:
-			b.rest = "data: [DONE]\n\n"
+			b.rest = b.u.end
 		case <-b.ctx.Done():
 			return 0, b.ctx.Err()
 		}
@@ -111,13 +111,16 @@ type streamStacks struct {
 	t   *testing.T
 	rig *endpointRig
 	up  *heldUpstream
+	// responses: the streams are of /v1/responses (events are Responses
+	// events), else of /v1/chat/completions.
+	responses bool
 }
 
 func newStreamStacks(t *testing.T, events string) *streamStacks {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	rdb.AddHook(redisbatch.New(rdb))
-	up := &heldUpstream{events: events}
+	up := &heldUpstream{events: events, end: "data: [DONE]\n\n"}
 	return &streamStacks{t: t, up: up, rig: newEndpointRigVia(t, rdb, answerJSON, 1<<20, up)}
 }
 
@@ -129,7 +132,10 @@ func (s *streamStacks) perStream(n, pad int) int64 {
 	t := s.t
 	t.Helper()
 	s.up.release, s.up.blocked = make(chan struct{}), make(chan struct{}, n)
-	body := strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	path, body, first := "/v1/chat/completions", strings.Replace(endpointBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1), `"first "`
+	if s.responses {
+		path, body, first = "/v1/responses", `{"model":"gpt-4o-mini","input":"Three days in Lisbon, food and history.","stream":true,"max_output_tokens":200}`, `"search"`
+	}
 	stackInUse := func() int64 {
 		runtime.GC()
 		runtime.GC()
@@ -143,7 +149,7 @@ func (s *streamStacks) perStream(n, pad int) int64 {
 	start := make(chan struct{})
 	for i := range n {
 		recs[i] = &streamRecorder{h: http.Header{}}
-		req, _ := http.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+s.rig.key)
 		served.Go(func() {
@@ -177,7 +183,11 @@ func (s *streamStacks) perStream(n, pad int) int64 {
 		r.mu.Lock()
 		got := r.body.String()
 		r.mu.Unlock()
-		if r.code != http.StatusOK || !strings.Contains(got, `"first "`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+		end := "data: [DONE]\n\n"
+		if s.responses {
+			end = `"type":"response.completed"`
+		}
+		if r.code != http.StatusOK || !strings.Contains(got, first) || !strings.Contains(got, end) {
 			t.Fatalf("stream %d: %d %q", i, r.code, got)
 		}
 	}
@@ -185,20 +195,30 @@ func (s *streamStacks) perStream(n, pad int) int64 {
 }
 
 // TestGovernedStreamStack: an open stream of the governed endpoint (the
-// Governor's chain, the gateway's relay, a chunk with a tool call decoded)
-// keeps a handler goroutine stack of 16 KiB, not 32 KiB: the stack grows
-// to the power of two over the deepest point the relay reached, and the
-// GC never shrinks a stack more than a quarter used, so that point sets
-// what each of a thousand open streams holds for its life. The handlers
-// run under 2 KiB of frames, for what run's server puts under them (net/
-// http's connection loop, 1.1 KiB, and the router's middleware). Stacks
-// are counted over 200 streams against their goroutines' first stacks.
+// Governor's chain, the gateway's relay, a chat chunk with a tool call or
+// a Responses function call decoded and counted) keeps a handler goroutine
+// stack of 16 KiB, not 32 KiB: the stack grows to the power of two over
+// the deepest point the goroutine reached, and the GC never shrinks a
+// stack more than a quarter used, so that point sets what each of a
+// thousand open streams holds for its life. The handlers run under 2 KiB
+// of frames, for what run's server puts under them (net/http's connection
+// loop, 1.1 KiB, and the router's middleware). Stacks are counted over
+// 200 streams against their goroutines' first stacks.
 func TestGovernedStreamStack(t *testing.T) {
 	redistest.Require(t)
-	s := newStreamStacks(t, chatHeld)
-	s.perStream(20, 0) // first calls build the decoders' caches
-	if per := s.perStream(200, 2048); per > 24<<10 {
-		t.Fatalf("an open stream holds %d B of goroutine stack, want 16 KiB (under 24 KiB)", per)
+	for _, responses := range []bool{false, true} {
+		name, events, end := "chat", chatHeld, "data: [DONE]\n\n"
+		if responses {
+			name, events, end = "responses", respHeld, respEnd
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newStreamStacks(t, events)
+			s.responses, s.up.end = responses, end
+			s.perStream(20, 0) // first calls build the decoders' caches
+			if per := s.perStream(200, 2048); per > 24<<10 {
+				t.Fatalf("an open stream holds %d B of goroutine stack, want 16 KiB (under 24 KiB)", per)
+			}
+		})
 	}
 }
 
@@ -206,3 +226,11 @@ func TestGovernedStreamStack(t *testing.T) {
 // tool call (the deepest the relay's decode goes).
 const chatHeld = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":"first "}}]}` + "\n\n" +
 	`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"search","arguments":"{\"q\":\"x\"}"}}]}}]}` + "\n\n"
+
+// respHeld is a held Responses stream's events: the response begun, a
+// function call's item and arguments; respEnd its end.
+const respHeld = `event: response.created` + "\n" + `data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","created_at":1,"status":"in_progress","model":"gpt-4o-mini","output":[]}}` + "\n\n" +
+	`event: response.output_item.added` + "\n" + `data: {"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"fc_1","type":"function_call","status":"in_progress","call_id":"call_1","name":"search","arguments":""}}` + "\n\n" +
+	`event: response.function_call_arguments.delta` + "\n" + `data: {"type":"response.function_call_arguments.delta","sequence_number":2,"item_id":"fc_1","output_index":0,"delta":"{\"q\":\"x\"}"}` + "\n\n"
+
+const respEnd = `event: response.completed` + "\n" + `data: {"type":"response.completed","sequence_number":3,"response":{"id":"resp_1","object":"response","created_at":1,"status":"completed","model":"gpt-4o-mini","output":[{"id":"fc_1","type":"function_call","status":"completed","call_id":"call_1","name":"search","arguments":"{\"q\":\"x\"}"}],"usage":{"input_tokens":20,"output_tokens":5,"total_tokens":25}}}` + "\n\n"
