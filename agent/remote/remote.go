@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -293,13 +294,19 @@ wait:
 }
 
 // deliver POSTs body to the agent: again, at most Retries times, when the
-// connection failed before any byte was answered; never once the agent
-// answered anything.
+// connection failed before the delivery was written whole (refused while
+// the agent restarts, reset while sending); never once it was written,
+// since the agent may be running the task (its answer lost, or still to
+// come), and a task is not delivered twice.
 func (e *Executor) deliver(ctx context.Context, body []byte) outcome {
 	wait := e.o.RetryWait
 	for attempt := 0; ; attempt++ {
-		answered := false
-		trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { answered = true }}
+		var wrote atomic.Bool
+		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				wrote.Store(true)
+			}
+		}}
 		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, e.o.URL, bytes.NewReader(body))
 		if err != nil {
 			return outcome{err: agent.Fail(task.CodeAgentUnreachable, "the agent's address cannot be requested")}
@@ -316,7 +323,7 @@ func (e *Executor) deliver(ctx context.Context, body []byte) outcome {
 		if ctx.Err() != nil {
 			return outcome{err: ctx.Err()} // the run's end decides
 		}
-		if answered || attempt >= e.o.Retries {
+		if wrote.Load() || attempt >= e.o.Retries {
 			e.o.Logger.Info("agent unreachable", "attempts", attempt+1, "err", redact(err))
 			return outcome{err: agent.Fail(task.CodeAgentUnreachable, "the agent could not be reached")}
 		}

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,12 +252,10 @@ func TestAgentFailures(t *testing.T) {
 			if rec.Result != nil {
 				t.Fatalf("a failed run has a result: %+v", rec.Result)
 			}
-			want := 1
-			if c.name == "reset" {
-				want = 3
-			}
-			if n := len(deliveries()); n != want {
-				t.Fatalf("%d deliveries, want %d", n, want)
+			// Every case had the delivery written whole: it is never sent
+			// again (a reset after it may be an agent still running it).
+			if n := len(deliveries()); n != 1 {
+				t.Fatalf("%d deliveries, want 1", n)
 			}
 		})
 	}
@@ -336,5 +336,36 @@ func TestModelStepsChargeAndEnd(t *testing.T) {
 	}
 	if rec.Usage.PromptTokens != 100 || rec.Usage.CompletionTokens != 20 {
 		t.Fatalf("usage %+v, want the model step's 100 + 20 only", rec.Usage)
+	}
+}
+
+// TestDeliveryRetriedOnlyUnsent: a delivery whose connection could not be
+// made (the agent restarting) is sent again, and reaches the agent once;
+// the "reset" case of TestAgentFailures is the other half: once written
+// whole, it is never sent again.
+func TestDeliveryRetriedOnlyUnsent(t *testing.T) {
+	f := newFixture(t)
+	srv, deliveries := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"result":{"text":"done"}}`)
+	})
+	var dials atomic.Int64
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	base := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if dials.Add(1) <= 2 {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+		}
+		return base(ctx, network, addr)
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	rec, err := f.run(t, srv.URL, 10*time.Second, Options{Client: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatalf("a delivery refused twice, then taken: %v", err)
+	}
+	if rec.Result == nil {
+		t.Fatal("no result")
+	}
+	if n, d := len(deliveries()), dials.Load(); n != 1 || d != 3 {
+		t.Fatalf("%d deliveries over %d dials, want 1 over 3", n, d)
 	}
 }
