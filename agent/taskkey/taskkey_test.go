@@ -358,6 +358,25 @@ func TestKeyWatchKeepsCheckCached(t *testing.T) {
 	}
 }
 
+// watched is an open request of a running task's key on k, watched until
+// the test ends, and the task.
+func watched(t *testing.T, k *Keys, srv *redistest.Server) (context.Context, task.Record) {
+	t.Helper()
+	ctx := context.Background()
+	rec, l := running(t, srv.Client(t), "replica-a")
+	key, err := k.Mint(ctx, l, rec, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := k.Authenticate(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, done := k.Watch(ctx, g)
+	t.Cleanup(done)
+	return open, rec
+}
+
 // failingPipelines fails every pipeline once on is set: a Redis that no
 // longer answers the watch loop's checks.
 type failingPipelines struct{ on atomic.Bool }
@@ -387,18 +406,7 @@ func TestKeyWatchUncheckedFailsClosed(t *testing.T) {
 	fail := &failingPipelines{}
 	rdb.AddHook(fail)
 	k := New(rdb, Options{WatchEvery: 20 * time.Millisecond})
-	ctx := context.Background()
-	rec, l := running(t, srv.Client(t), "replica-a")
-	key, err := k.Mint(ctx, l, rec, time.Now().Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := k.Authenticate(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	open, done := k.Watch(ctx, g)
-	defer done()
+	open, _ := watched(t, k, srv)
 	fail.on.Store(true)
 	if _, ok := within(10*time.Second, func() bool { return open.Err() != nil }); !ok {
 		t.Fatal("a request whose key cannot be checked still runs")
@@ -447,18 +455,8 @@ func TestKeyWatchSlowRedisIsNotAFailure(t *testing.T) {
 	slow := &slowPipelines{delay: 150 * time.Millisecond}
 	rdb.AddHook(slow)
 	k := New(rdb, Options{WatchEvery: 20 * time.Millisecond, CheckTimeout: time.Minute})
+	open, rec := watched(t, k, srv)
 	ctx := context.Background()
-	rec, l := running(t, srv.Client(t), "replica-a")
-	key, err := k.Mint(ctx, l, rec, time.Now().Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := k.Authenticate(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	open, done := k.Watch(ctx, g)
-	defer done()
 	slow.on.Store(true)
 	// 12 slow rounds: 1.8 s of checks each 7.5 × WatchEvery late.
 	if _, ok := within(time.Minute, func() bool { return slow.slow.Load() >= 12 || open.Err() != nil }); !ok {
