@@ -114,17 +114,22 @@ func runN(b *testing.B, workers int, rdb *redis.Client, call func() (time.Durati
 	return l
 }
 
+// jsonPost is a JSON POST of body to u, with key as the bearer if set.
+func jsonPost(u, key, body string) *http.Request {
+	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	return req
+}
+
 // httpCall posts body to u (with key as the bearer, if set) and times it:
 // to the whole answer, or with first to the first line of the stream.
 func httpCall(client *http.Client, u, key, body string, first bool) func() (time.Duration, error) {
 	return func() (time.Duration, error) {
 		t0 := time.Now()
-		req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := client.Do(req)
+		resp, err := client.Do(jsonPost(u, key, body))
 		if err != nil {
 			return 0, err
 		}
@@ -291,12 +296,7 @@ func BenchmarkGovernedOpenStreams(b *testing.B) {
 		var ready sync.WaitGroup
 		for range n {
 			ready.Go(func() {
-				req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
-				req.Header.Set("Content-Type", "application/json")
-				if key != "" {
-					req.Header.Set("Authorization", "Bearer "+key)
-				}
-				resp, err := client.Do(req)
+				resp, err := client.Do(jsonPost(u, key, body))
 				if err != nil {
 					b.Error(err)
 					return
