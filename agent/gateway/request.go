@@ -22,8 +22,10 @@ type field struct {
 type object struct{ fields []field }
 
 // parseObject reads a JSON object, refusing anything else, trailing data
-// and a member name given twice (a provider might read the first where we
-// read the last: what we check must be what it gets).
+// and a member name given twice, or twice but for case, or a name this
+// package reads spelled otherwise (a provider might read the first where
+// we read the last, or match names ignoring case: what we check must be
+// what it gets; names.go).
 func parseObject(b []byte, name string) (*object, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
@@ -42,10 +44,16 @@ func parseObject(b []byte, name string) (*object, error) {
 		if err := dec.Decode(&raw); err != nil {
 			return nil, invalid(name, "is not valid JSON")
 		}
-		if _, dup := seen[key]; dup {
-			return nil, invalid(joinField(name, key), "appears more than once")
+		// Names are compared folded, as a provider written in Go would
+		// match them (names.go).
+		folded := foldName(key)
+		if _, dup := seen[folded]; dup {
+			return nil, invalid(joinField(name, key), "appears more than once (member names are compared ignoring case)")
 		}
-		seen[key] = struct{}{}
+		seen[folded] = struct{}{}
+		if want, ok := readNames[folded]; ok && want != key {
+			return nil, invalid(joinField(name, key), "must be spelled "+strconv.Quote(want)+": a provider may read it as that")
+		}
 		o.fields = append(o.fields, field{key, raw})
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
@@ -295,6 +303,11 @@ func (c *call) refuseCostly() error {
 	if json.Unmarshal(raw, &tools) != nil {
 		return invalid("tools", "must be an array of objects")
 	}
+	// A tool's own members: a "Type" would be its type to a provider in
+	// Go, and no type here.
+	if err := checkNames(raw, "tools", false); err != nil {
+		return err
+	}
 	for i, t := range tools {
 		typ, _ := asString(t["type"])
 		if typ != "function" {
@@ -333,6 +346,10 @@ func (c *call) chatPrompt() (int64, error) {
 	if !ok {
 		return 0, invalid("messages", "is required")
 	}
+	// chatMessage matches names ignoring case; OpenAI does not.
+	if err := checkNames(raw, "messages", true); err != nil {
+		return 0, err
+	}
 	var msgs []chatMessage
 	if err := json.Unmarshal(raw, &msgs); err != nil {
 		return 0, invalid("messages", "must be an array of messages")
@@ -348,11 +365,14 @@ func (c *call) chatPrompt() (int64, error) {
 		}
 		tm = append(tm, t)
 	}
-	toolsJSON := ""
+	toolsJSON, twins := "", int64(0)
 	if raw, ok := c.obj.get("tools"); ok {
 		toolsJSON = string(raw)
+		if foldTwins(raw) {
+			twins = c.counter.Count(string(raw))
+		}
 	}
-	n := c.counter.Chat(tm, toolsJSON)
+	n := c.counter.Chat(tm, toolsJSON) + twins
 	// Structured output schemas and legacy functions reach the model as
 	// text; their JSON is counted as it is, which errs high.
 	for _, k := range []string{"functions", "response_format"} {
@@ -422,6 +442,9 @@ func (c *call) responsesPrompt() (int64, error) {
 	if s, isStr := asString(raw); isStr {
 		tm = append(tm, tokens.Message{Role: "user", Content: s})
 	} else {
+		if err := checkNames(raw, "input", true); err != nil {
+			return 0, err
+		}
 		var items []map[string]json.RawMessage
 		if json.Unmarshal(raw, &items) != nil {
 			return 0, invalid("input", "must be a string or an array of items")
@@ -450,11 +473,14 @@ func (c *call) responsesPrompt() (int64, error) {
 			}
 		}
 	}
-	toolsJSON := ""
+	toolsJSON, twins := "", int64(0)
 	if raw, ok := c.obj.get("tools"); ok {
 		toolsJSON = chatTools(raw)
+		if foldTwins(raw) {
+			twins = c.counter.Count(string(raw))
+		}
 	}
-	n := c.counter.Chat(tm, toolsJSON)
+	n := c.counter.Chat(tm, toolsJSON) + twins
 	if raw, ok := c.obj.get("text"); ok {
 		n += c.counter.Count(string(raw)) // a structured output schema
 	}

@@ -1,0 +1,201 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Member names are read here exactly, as OpenAI and the Python servers
+// read them; a provider written in Go (Ollama, LocalAI, a Go gateway in
+// front of one) decodes into structs, which match a member name
+// case-insensitively, "K" (Kelvin sign), "ſ" (long s), "ı" and "İ"
+// included, and take the last of two that match. So
+// {"model":"gpt-4o-mini", …, "MODEL":"gpt-5-pro"} is the allowed model to
+// us and the other one to such a provider; "N":5 is no n to us and five
+// choices to it; {"content":"a long text","Content":"hi"} in a message
+// is counted "hi" by a struct and read whole by OpenAI. Whatever two
+// decoders could read differently is refused, so what is checked and
+// counted is what every provider reads:
+//   - in any object parsed here (the body, stream_options), two members
+//     whose names fold to the same name (foldName), and a member whose
+//     name folds to a name this package reads but is spelled otherwise;
+//   - in messages and Responses input, at any depth, and in each tool's
+//     own members, a member name a case-insensitive decoder would read as
+//     another: one with an upper-case ASCII letter or a rune that folds
+//     into ASCII (caseFolds). OpenAI's names there are all lower case.
+//
+// A tool's parameters are JSON Schema, whose keywords are camelCase
+// ("additionalProperties"), so they are not refused; tools whose JSON
+// has two names in one object that fold alike (foldTwins) are counted as
+// their JSON too, which counts both, beside the rendering (agent/tokens
+// renders with structs, which count one).
+
+// readNames are the top-level and stream_options members this package
+// reads or refuses, by their folded names.
+var readNames = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{
+		"model", "messages", "input", "instructions", "stream", "stream_options", "include_usage",
+		"max_tokens", "max_completion_tokens", "max_output_tokens", "n", "service_tier", "modalities",
+		"audio", "web_search_options", "background", "previous_response_id", "conversation", "prompt",
+		"tools", "functions", "response_format", "text",
+	} {
+		m[foldName(n)] = n
+	}
+	return m
+}()
+
+// foldName folds a member name as encoding/json matches one to a struct
+// field: ASCII letters to upper case, any other rune to the upper case of
+// its lower case.
+func foldName(s string) string {
+	b := make([]byte, 0, len(s))
+	for _, r := range s {
+		b = utf8.AppendRune(b, foldRune(r))
+	}
+	return string(b)
+}
+
+func foldRune(r rune) rune {
+	if r < utf8.RuneSelf {
+		if 'a' <= r && r <= 'z' {
+			r -= 'a' - 'A'
+		}
+		return r
+	}
+	return unicode.ToUpper(unicode.ToLower(r))
+}
+
+// caseFolds reports whether a case-insensitive decoder could read name
+// as another name: it has an upper-case ASCII letter, or a rune beyond
+// ASCII that folds into it.
+func caseFolds(name string) bool {
+	for _, r := range name {
+		if 'A' <= r && r <= 'Z' || r >= utf8.RuneSelf && foldRune(r) < utf8.RuneSelf {
+			return true
+		}
+	}
+	return false
+}
+
+// checkNames refuses, in the valid JSON raw (the value of field), a
+// member name that caseFolds: at any depth when deep, else only the
+// members of the objects that are raw's array's elements (a tool's own
+// members, not its parameters' JSON Schema, whose names are the
+// agent's). It scans the bytes once and decodes only a name with an
+// escape in it.
+func checkNames(raw []byte, field string, deep bool) error {
+	depth := 0
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		case '"':
+			end := stringEnd(raw, i+1)
+			if end < 0 {
+				return invalid(field, "is not valid JSON")
+			}
+			if (deep || depth == 2) && isMemberName(raw, end+1) {
+				name := raw[i+1 : end]
+				if bytes.IndexByte(name, '\\') >= 0 {
+					var s string
+					if json.Unmarshal(raw[i:end+1], &s) != nil {
+						return invalid(field, "is not valid JSON")
+					}
+					name = []byte(s)
+				}
+				if caseFolds(string(name)) {
+					return invalid(field, "has a member named "+strconv.Quote(string(name))+
+						", which a case-insensitive decoder reads as another; member names here are lower case")
+				}
+			}
+			i = end
+		}
+	}
+	return nil
+}
+
+// stringEnd is the index of the quote that ends the JSON string whose
+// first byte is raw[from], or -1.
+func stringEnd(raw []byte, from int) int {
+	for j := from; j < len(raw); {
+		q := bytes.IndexByte(raw[j:], '"')
+		if q < 0 {
+			return -1
+		}
+		q += j
+		// The quote is escaped when an odd number of backslashes
+		// precedes it.
+		n := 0
+		for k := q - 1; k >= from && raw[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q
+		}
+		j = q + 1
+	}
+	return -1
+}
+
+// isMemberName reports whether the string that ended just before raw[at]
+// is a member name: a colon follows it.
+func isMemberName(raw []byte, at int) bool {
+	for ; at < len(raw); at++ {
+		switch raw[at] {
+		case ' ', '\t', '\n', '\r':
+			continue
+		case ':':
+			return true
+		}
+		return false
+	}
+	return false
+}
+
+// foldTwins reports whether an object anywhere in the valid JSON raw has
+// two members whose names fold to the same name (foldName), "description"
+// and "Description" say: a struct decoder reads the last, OpenAI the
+// exact one.
+func foldTwins(raw []byte) bool {
+	// One entry per open object or array: the folded names of an
+	// object's members so far (an array's stays empty).
+	var open [][]string
+	isObj := make([]bool, 0, 8)
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case '{', '[':
+			open = append(open, nil)
+			isObj = append(isObj, raw[i] == '{')
+		case '}', ']':
+			if len(open) > 0 {
+				open, isObj = open[:len(open)-1], isObj[:len(isObj)-1]
+			}
+		case '"':
+			end := stringEnd(raw, i+1)
+			if end < 0 {
+				return false // not valid JSON: the decoders refuse it
+			}
+			if n := len(open); n > 0 && isObj[n-1] && isMemberName(raw, end+1) {
+				name := string(raw[i+1 : end])
+				if strings.IndexByte(name, '\\') >= 0 {
+					_ = json.Unmarshal(raw[i:end+1], &name)
+				}
+				f := foldName(name)
+				if slices.Contains(open[n-1], f) {
+					return true
+				}
+				open[n-1] = append(open[n-1], f)
+			}
+			i = end
+		}
+	}
+	return false
+}
