@@ -244,7 +244,8 @@ func parseCall(kind string, body []byte, allowed func(model string) bool) (*call
 }
 
 // refuseCostly refuses the fields whose cost a reservation cannot see:
-// more than one choice, priority tiers, audio output, server-side state
+// more than one choice (or sequence), another server's output limit,
+// priority tiers, audio output, server-side state
 // (earlier responses, conversations, stored prompts, background runs) and
 // hosted tools (web search, file search, code interpreter, MCP, …) that
 // the provider bills besides tokens.
@@ -254,6 +255,17 @@ func (c *call) refuseCostly() error {
 		if n, ok := asInt(raw); !ok || n != 1 {
 			return unsupported("n", "only n=1 is served")
 		}
+	}
+	// Other servers' names for more sequences and for the output limit:
+	// best_of generates that many and returns one (vLLM, OpenAI's legacy
+	// completions); llama.cpp's server reads n_predict over max_tokens.
+	if raw, ok := o.get("best_of"); ok {
+		if n, ok := asInt(raw); !ok || n != 1 {
+			return unsupported("best_of", "only best_of=1 is served")
+		}
+	}
+	if _, ok := o.get("n_predict"); ok {
+		return unsupported("n_predict", "the output limit is max_tokens or max_completion_tokens, which the task's budget sets")
 	}
 	if raw, ok := o.get("service_tier"); ok {
 		if s, ok := asString(raw); !ok || (s != "auto" && s != "default") {
