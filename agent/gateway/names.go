@@ -41,7 +41,7 @@ var readNames = func() map[string]string {
 	m := map[string]string{}
 	for _, n := range []string{
 		"model", "messages", "input", "instructions", "stream", "stream_options", "include_usage",
-		"max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "n_predict", "service_tier", "modalities",
+		"max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "n_cmpl", "n_predict", "service_tier", "modalities",
 		"audio", "web_search_options", "background", "previous_response_id", "conversation", "prompt",
 		"tools", "functions", "response_format", "text",
 	} {

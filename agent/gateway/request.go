@@ -258,10 +258,14 @@ func (c *call) refuseCostly() error {
 	}
 	// Other servers' names for more sequences and for the output limit:
 	// best_of generates that many and returns one (vLLM, OpenAI's legacy
-	// completions); llama.cpp's server reads n_predict over max_tokens.
-	if raw, ok := o.get("best_of"); ok {
-		if n, ok := asInt(raw); !ok || n != 1 {
-			return unsupported("best_of", "only best_of=1 is served")
+	// completions); llama.cpp's server copies every member into its
+	// parameters, where n_cmpl is its n and n_predict overrides
+	// max_tokens.
+	for _, name := range []string{"best_of", "n_cmpl"} {
+		if raw, ok := o.get(name); ok {
+			if n, ok := asInt(raw); !ok || n != 1 {
+				return unsupported(name, "only "+name+"=1 is served")
+			}
 		}
 	}
 	if _, ok := o.get("n_predict"); ok {

@@ -54,6 +54,7 @@ func TestRefusedParameters(t *testing.T) {
 		{"n=2", "/v1/chat/completions", `{` + chat + `,"n":2}`, "400", "unsupported_parameter", "n"},
 		{"n=1.5", "/v1/chat/completions", `{` + chat + `,"n":1.5}`, "400", "unsupported_parameter", "n"},
 		{"best_of=4", "/v1/chat/completions", `{` + chat + `,"best_of":4}`, "400", "unsupported_parameter", "best_of"},
+		{"llama.cpp's n_cmpl", "/v1/chat/completions", `{` + chat + `,"n_cmpl":4}`, "400", "unsupported_parameter", "n_cmpl"},
 		{"llama.cpp's n_predict", "/v1/chat/completions", `{` + chat + `,"max_tokens":10,"n_predict":-1}`, "400", "unsupported_parameter", "n_predict"},
 		{"n_predict on responses", "/v1/responses", `{` + resp + `,"n_predict":100000}`, "400", "unsupported_parameter", "n_predict"},
 		{"service_tier priority", "/v1/chat/completions", `{` + chat + `,"service_tier":"priority"}`, "400", "unsupported_parameter", "service_tier"},
@@ -100,7 +101,7 @@ func TestRefusedParameters(t *testing.T) {
 	}
 	// Allowed values of the same fields pass.
 	for _, body := range []string{
-		`{` + chat + `,"n":1,"best_of":1,"n_predict":null,"service_tier":"auto","modalities":["text"],"audio":null}`,
+		`{` + chat + `,"n":1,"best_of":1,"n_cmpl":1,"n_predict":null,"service_tier":"auto","modalities":["text"],"audio":null}`,
 		`{` + chat + `,"service_tier":"default","tools":[{"type":"function","function":{"name":"f"}}]}`,
 	} {
 		if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 200 {
