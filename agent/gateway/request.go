@@ -372,8 +372,11 @@ func (c *call) chatPrompt() (int64, error) {
 	}
 	tm := make([]tokens.Message, 0, len(msgs))
 	var extra int64
-	for _, m := range msgs {
-		text, more := c.contentText(m.Content)
+	for i, m := range msgs {
+		text, more, err := c.contentText(m.Content, "messages["+strconv.Itoa(i)+"].content")
+		if err != nil {
+			return 0, err
+		}
 		extra += more
 		t := tokens.Message{Role: m.Role, Name: m.Name, Content: text}
 		for _, tc := range m.ToolCalls {
@@ -390,8 +393,10 @@ func (c *call) chatPrompt() (int64, error) {
 	}
 	n := c.counter.Chat(tm, toolsJSON) + twins
 	// Structured output schemas and legacy functions reach the model as
-	// text; their JSON is counted as it is, which errs high.
-	for _, k := range []string{"functions", "response_format"} {
+	// text; their JSON is counted as it is, which errs high. A predicted
+	// output's tokens that the model does not use are billed as output
+	// beside the output limit: they are reserved with the prompt.
+	for _, k := range []string{"functions", "response_format", "prediction"} {
 		if raw, ok := c.obj.get(k); ok {
 			n += c.counter.Count(string(raw))
 		}
@@ -402,21 +407,29 @@ func (c *call) chatPrompt() (int64, error) {
 // contentText is the text of a message's content (a string or an array of
 // parts) and the tokens of its other parts: images and files at their
 // allowance plus their JSON, anything unknown at its JSON.
-func (c *call) contentText(raw json.RawMessage) (string, int64) {
+//
+// A file given by reference (a file_id, a file_url) is refused: its text
+// is the provider's to extract, unseen by the reservation. (An image by
+// reference is bounded by its allowance; a file's data sent inline is
+// counted as its JSON.) field names raw in the error.
+func (c *call) contentText(raw json.RawMessage, field string) (string, int64, error) {
 	if len(raw) == 0 || isNull(raw) {
-		return "", 0
+		return "", 0, nil
 	}
 	if s, ok := asString(raw); ok {
-		return s, 0
+		return s, 0, nil
 	}
 	var parts []map[string]json.RawMessage
 	if json.Unmarshal(raw, &parts) != nil {
-		return "", c.counter.Count(string(raw))
+		return "", c.counter.Count(string(raw)), nil
 	}
 	var b strings.Builder
 	var extra int64
-	for _, p := range parts {
+	for j, p := range parts {
 		typ, _ := asString(p["type"])
+		if ref := fileRef(typ, p); ref != "" {
+			return "", 0, unsupported(field+"["+strconv.Itoa(j)+"]."+ref, "files by reference are not served; send the file's data")
+		}
 		switch typ {
 		case "text", "input_text", "output_text", "refusal":
 			key := "text"
@@ -435,7 +448,31 @@ func (c *call) contentText(raw json.RawMessage) (string, int64) {
 		raw, _ := json.Marshal(p)
 		extra += c.counter.Count(string(raw))
 	}
-	return b.String(), extra
+	return b.String(), extra, nil
+}
+
+// fileRef names the member by which a content part of type typ refers to
+// a file the provider holds or fetches ("file.file_id", "file_id",
+// "file_url"), or is "".
+func fileRef(typ string, p map[string]json.RawMessage) string {
+	switch typ {
+	case "file":
+		var f map[string]json.RawMessage
+		if json.Unmarshal(p["file"], &f) == nil {
+			for _, k := range []string{"file_id", "file_url"} {
+				if v, ok := f[k]; ok && !isNull(v) {
+					return "file." + k
+				}
+			}
+		}
+	case "input_file":
+		for _, k := range []string{"file_id", "file_url"} {
+			if v, ok := p[k]; ok && !isNull(v) {
+				return k
+			}
+		}
+	}
+	return ""
 }
 
 // responsesPrompt counts the prompt of a Responses request: instructions,
@@ -465,20 +502,33 @@ func (c *call) responsesPrompt() (int64, error) {
 		if json.Unmarshal(raw, &items) != nil {
 			return 0, invalid("input", "must be a string or an array of items")
 		}
-		for _, it := range items {
+		for i, it := range items {
 			typ, _ := asString(it["type"])
 			role, _ := asString(it["role"])
+			at := "input[" + strconv.Itoa(i) + "]"
+			var text string
+			var more int64
+			var err error
 			switch {
+			case typ == "item_reference" || typ == "" && role == "":
+				// An item the provider stored, its content unseen (an
+				// item with neither type nor role is one: the type
+				// defaults to item_reference).
+				return 0, unsupported(at, "item references are not served; send the item itself")
 			case typ == "function_call":
 				name, _ := asString(it["name"])
 				args, _ := asString(it["arguments"])
 				tm = append(tm, tokens.Message{Role: "assistant", ToolCalls: []tokens.ToolCall{{Name: name, Arguments: args}}})
 			case typ == "function_call_output":
-				text, more := c.contentText(it["output"])
+				if text, more, err = c.contentText(it["output"], at+".output"); err != nil {
+					return 0, err
+				}
 				extra += more
 				tm = append(tm, tokens.Message{Role: "tool", Content: text})
 			case role != "" && (typ == "" || typ == "message"):
-				text, more := c.contentText(it["content"])
+				if text, more, err = c.contentText(it["content"], at+".content"); err != nil {
+					return 0, err
+				}
 				extra += more
 				tm = append(tm, tokens.Message{Role: role, Content: text})
 			default:

@@ -69,6 +69,11 @@ func TestRefusedParameters(t *testing.T) {
 		{"stored prompt", "/v1/responses", `{` + resp + `,"prompt":{"id":"pmpt_1"}}`, "400", "unsupported_parameter", "prompt"},
 		{"hosted tool", "/v1/responses", `{` + resp + `,"tools":[{"type":"web_search"}]}`, "400", "unsupported_parameter", "tools[0].type"},
 		{"mcp tool", "/v1/responses", `{` + resp + `,"tools":[{"type":"function","name":"f"},{"type":"mcp","server_url":"https://x"}]}`, "400", "unsupported_parameter", "tools[1].type"},
+		{"a chat file by id", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":[{"type":"text","text":"sum up"},{"type":"file","file":{"file_id":"file-abc"}}]}]}`, "400", "unsupported_parameter", "messages[0].content[1].file.file_id"},
+		{"a responses file by id", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-abc"}]}]}`, "400", "unsupported_parameter", "input[0].content[0].file_id"},
+		{"a responses file by url", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, "400", "unsupported_parameter", "input[1].output[0].file_url"},
+		{"an item reference", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"item_reference","id":"msg_1"}]}`, "400", "unsupported_parameter", "input[1]"},
+		{"an item reference without its type", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"id":"msg_1"}]}`, "400", "unsupported_parameter", "input[0]"},
 		{"unknown model", "/v1/chat/completions", `{"model":"gpt-5-pro","messages":[]}`, "400", "model_not_allowed", ""},
 		{"unknown model responses", "/v1/responses", `{"model":"o3","input":"x"}`, "400", "model_not_allowed", ""},
 		// The model is checked before anything of the prompt is read (or
@@ -111,8 +116,12 @@ func TestRefusedParameters(t *testing.T) {
 	if r, b := e.post(t, "/v1/responses", `{`+resp+`,"background":false,"previous_response_id":null,"tools":[{"type":"function","name":"f"}]}`); r.StatusCode != 200 {
 		t.Fatalf("allowed responses request: %d %s", r.StatusCode, b)
 	}
-	if n := len(e.gov.specs); n != 3 {
-		t.Fatalf("the governor heard of %d calls, want only the 3 allowed ones", n)
+	// A file's data sent inline is counted, and passes.
+	if r, b := e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":[{"type":"file","file":{"filename":"a.pdf","file_data":"data:application/pdf;base64,JVBERi0x","file_id":null}}]}]}`); r.StatusCode != 200 {
+		t.Fatalf("inline file: %d %s", r.StatusCode, b)
+	}
+	if n := len(e.gov.specs); n != 4 {
+		t.Fatalf("the governor heard of %d calls, want only the 4 allowed ones", n)
 	}
 }
 
@@ -242,6 +251,17 @@ func TestPromptEstimate(t *testing.T) {
 	plain, _ := parseCall(KindResponses, []byte(`{"model":"gpt-4o","input":"hello there"}`), anyModel)
 	if r.prompt <= plain.prompt+10 {
 		t.Fatalf("items and tools were not counted: %d vs %d", r.prompt, plain.prompt)
+	}
+	// A predicted output is billed, where the model does not use it, as
+	// output past max_tokens: it is reserved with the prompt.
+	code := strings.Repeat(`func main() { fmt.Println(42) }\n`, 100)
+	pred, err := parseCall(KindChat, []byte(`{"model":"gpt-4o","messages":[{"role":"user","content":"rename main"}],"prediction":{"type":"content","content":"`+code+`"}}`), anyModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, _ := parseCall(KindChat, []byte(`{"model":"gpt-4o","messages":[{"role":"user","content":"rename main"}]}`), anyModel)
+	if pred.prompt < bare.prompt+1000 {
+		t.Fatalf("a prediction of about 1,100 tokens added %d to the prompt", pred.prompt-bare.prompt)
 	}
 }
 
