@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"faregate/agent/tokens"
 )
 
 // serveCall answers one governed model call.
@@ -35,9 +37,15 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		Model: c.model, PromptTokens: c.prompt, MaxOutput: c.maxOut, Stream: c.stream}
 	if kind != KindEmbeddings {
 		spec.MinOutput = minOutput(kind, c.model)
+		// An image costs what the model that serves it says (gpt-4o-mini
+		// 33 times gpt-4o): a fallback's dearer images are reserved too.
+		asked := tokens.ImageTokens(c.model)
+		most := asked
 		for _, m := range h.o.FallbackModels {
 			spec.MinOutput = max(spec.MinOutput, minOutput(kind, m))
+			most = max(most, tokens.ImageTokens(m))
 		}
+		spec.PromptTokens += c.images * (most - asked)
 		if spec.MaxOutput > 0 {
 			spec.MaxOutput = max(spec.MaxOutput, spec.MinOutput)
 		}

@@ -89,3 +89,30 @@ func TestMinOutputCoversFallback(t *testing.T) {
 		})
 	}
 }
+
+// A call's images are reserved at the dearest of the asked and fallback
+// models: a gpt-4o call that may fall back to gpt-4o-mini holds each image
+// at gpt-4o-mini's 48,169 tokens, not gpt-4o's 1,445.
+func TestImagesReservedForFallback(t *testing.T) {
+	body := `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"image_url","image_url":{"url":"https://x/b.png"}}]}]}`
+	for _, tc := range []struct {
+		name      string
+		fallbacks []string
+		least     int64
+	}{
+		{"no fallback", nil, 2 * 1445},
+		{"gpt-4o-mini fallback", []string{"gpt-4o-mini"}, 2 * 48169},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, okUpstream(t).upstream(), func(o *Options) { o.FallbackModels = tc.fallbacks })
+			e.task.Models = []string{"gpt-4o"}
+			if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 200 {
+				t.Fatalf("%d %s", r.StatusCode, b)
+			}
+			spec, _, _, _ := e.gov.last(t)
+			if spec.PromptTokens < tc.least || spec.PromptTokens > tc.least+200 {
+				t.Fatalf("prompt reserved at %d tokens, want %d and its text", spec.PromptTokens, tc.least)
+			}
+		})
+	}
+}

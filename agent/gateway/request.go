@@ -156,7 +156,10 @@ type call struct {
 	maxOut      int64
 	limitFields []string
 	prompt      int64
-	counter     tokens.Counter
+	// images is how many images the prompt holds, each counted at
+	// tokens.ImageTokens of the model.
+	images  int64
+	counter tokens.Counter
 }
 
 // The most output a client may ask for; above it the number is nonsense
@@ -333,14 +336,10 @@ func (c *call) refuseCostly() error {
 	return nil
 }
 
-// Allowances for prompt parts that are not text: the most an image costs
-// on OpenAI's vision models (gpt-4.1-mini's 1536 patches), and a file
-// part's extracted text beyond its JSON (unknown: the raw JSON is counted
-// on top).
-const (
-	imageTokens = 1536
-	fileTokens  = 1536
-)
+// fileTokens is the allowance of a file part's extracted text beyond its
+// JSON (unknown: the raw JSON is counted on top). An image is held at the
+// most it can cost on the model (tokens.ImageTokens).
+const fileTokens = 1536
 
 type chatMessage struct {
 	Role      string          `json:"role"`
@@ -441,7 +440,8 @@ func (c *call) contentText(raw json.RawMessage, field string) (string, int64, er
 				continue
 			}
 		case "image_url", "input_image":
-			extra += imageTokens
+			c.images++
+			extra += tokens.ImageTokens(c.model)
 		case "file", "input_file":
 			extra += fileTokens
 		}

@@ -241,8 +241,17 @@ func TestPromptEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.prompt < imageTokens+10 {
+	if c.prompt < tokens.ImageTokens("gpt-4o")+10 {
 		t.Fatalf("image prompt %d", c.prompt)
+	}
+	// gpt-4o-mini's images cost 33 times gpt-4o's tokens: one image is
+	// held at 48,169.
+	mini, err := parseCall(KindChat, []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"high"}}]}]}`), anyModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mini.prompt < 48169 {
+		t.Fatalf("a gpt-4o-mini image held at %d tokens", mini.prompt)
 	}
 	r, err := parseCall(KindResponses, []byte(`{"model":"gpt-4o","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"hello there"}]},{"type":"function_call","name":"lookup","arguments":"{\"city\":\"Rome\"}","call_id":"c"},{"type":"function_call_output","call_id":"c","output":"sunny"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}`), anyModel)
 	if err != nil {
