@@ -43,7 +43,7 @@ var readNames = func() map[string]string {
 		"model", "messages", "input", "instructions", "stream", "stream_options", "include_usage",
 		"max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "n_cmpl", "n_predict", "service_tier", "modalities",
 		"audio", "web_search_options", "background", "previous_response_id", "conversation", "prompt",
-		"tools", "functions", "response_format", "text",
+		"tools", "tool_choice", "functions", "response_format", "text", "models", "plugins",
 	} {
 		m[foldName(n)] = n
 	}

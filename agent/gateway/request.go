@@ -314,6 +314,17 @@ func (c *call) refuseCostly() error {
 			return unsupported("prompt", "stored prompts are not served; send instructions and input")
 		}
 	}
+	// Routers' own members that choose what is billed: OpenRouter's
+	// models (other models to try, at their prices) and plugins (its web
+	// search, billed per result).
+	for _, name := range []string{"models", "plugins"} {
+		if raw, ok := o.get(name); ok && string(bytes.TrimSpace(raw)) != "[]" {
+			return unsupported(name, "other models and router plugins are not served")
+		}
+	}
+	if err := c.refuseHostedChoice(); err != nil {
+		return err
+	}
 	raw, ok := o.get("tools")
 	if !ok {
 		return nil
@@ -334,6 +345,50 @@ func (c *call) refuseCostly() error {
 		}
 	}
 	return nil
+}
+
+// refuseHostedChoice refuses a tool_choice that forces a tool other than
+// a function (web search, file search, code interpreter, MCP, custom): a
+// choice need not name a tool the request lists, so it is checked as the
+// tools are. Its string forms (none, auto, required) pass.
+func (c *call) refuseHostedChoice() error {
+	raw, ok := c.obj.get("tool_choice")
+	if !ok || len(raw) == 0 || raw[0] == '"' {
+		return nil
+	}
+	var choice map[string]json.RawMessage
+	if json.Unmarshal(raw, &choice) != nil {
+		return invalid("tool_choice", "must be a string or an object")
+	}
+	if err := checkNames(append(append([]byte{'['}, raw...), ']'), "tool_choice", false); err != nil {
+		return err
+	}
+	typ, _ := asString(choice["type"])
+	switch typ {
+	case "function":
+		return nil
+	case "allowed_tools":
+		// Chat nests the list in allowed_tools, Responses does not.
+		list := choice["tools"]
+		if inner, ok := choice["allowed_tools"]; ok {
+			var a map[string]json.RawMessage
+			if json.Unmarshal(inner, &a) != nil {
+				return invalid("tool_choice.allowed_tools", "must be an object")
+			}
+			list = a["tools"]
+		}
+		var tools []map[string]json.RawMessage
+		if len(list) > 0 && json.Unmarshal(list, &tools) != nil {
+			return invalid("tool_choice", "allowed tools must be an array of objects")
+		}
+		for i, t := range tools {
+			if typ, _ := asString(t["type"]); typ != "function" {
+				return unsupported("tool_choice.tools["+strconv.Itoa(i)+"].type", "only function tools are served")
+			}
+		}
+		return nil
+	}
+	return unsupported("tool_choice.type", "only function tools are served")
 }
 
 // fileTokens is the allowance of a file part's extracted text beyond its

@@ -74,6 +74,13 @@ func TestRefusedParameters(t *testing.T) {
 		{"a responses file by url", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, "400", "unsupported_parameter", "input[1].output[0].file_url"},
 		{"an item reference", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"item_reference","id":"msg_1"}]}`, "400", "unsupported_parameter", "input[1]"},
 		{"an item reference without its type", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"id":"msg_1"}]}`, "400", "unsupported_parameter", "input[0]"},
+		{"a forced custom tool", "/v1/chat/completions", `{` + chat + `,"tool_choice":{"type":"custom","custom":{"name":"g"}}}`, "400", "unsupported_parameter", "tool_choice.type"},
+		{"a forced web search", "/v1/responses", `{` + resp + `,"tool_choice":{"type":"web_search_preview"}}`, "400", "unsupported_parameter", "tool_choice.type"},
+		{"a forced mcp tool", "/v1/responses", `{` + resp + `,"tool_choice":{"type":"mcp","server_label":"x"}}`, "400", "unsupported_parameter", "tool_choice.type"},
+		{"allowed tools with a hosted one", "/v1/responses", `{` + resp + `,"tool_choice":{"type":"allowed_tools","mode":"auto","tools":[{"type":"function","name":"f"},{"type":"web_search"}]}}`, "400", "unsupported_parameter", "tool_choice.tools[1].type"},
+		{"chat allowed tools with a custom one", "/v1/chat/completions", `{` + chat + `,"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"custom","custom":{"name":"g"}}]}}}`, "400", "unsupported_parameter", "tool_choice.tools[0].type"},
+		{"OpenRouter's models", "/v1/chat/completions", `{` + chat + `,"models":["openai/o1-pro"]}`, "400", "unsupported_parameter", "models"},
+		{"OpenRouter's plugins", "/v1/chat/completions", `{` + chat + `,"plugins":[{"id":"web"}]}`, "400", "unsupported_parameter", "plugins"},
 		{"unknown model", "/v1/chat/completions", `{"model":"gpt-5-pro","messages":[]}`, "400", "model_not_allowed", ""},
 		{"unknown model responses", "/v1/responses", `{"model":"o3","input":"x"}`, "400", "model_not_allowed", ""},
 		// The model is checked before anything of the prompt is read (or
@@ -107,13 +114,13 @@ func TestRefusedParameters(t *testing.T) {
 	// Allowed values of the same fields pass.
 	for _, body := range []string{
 		`{` + chat + `,"n":1,"best_of":1,"n_cmpl":1,"n_predict":null,"service_tier":"auto","modalities":["text"],"audio":null}`,
-		`{` + chat + `,"service_tier":"default","tools":[{"type":"function","function":{"name":"f"}}]}`,
+		`{` + chat + `,"service_tier":"default","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"models":[]}`,
 	} {
 		if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 200 {
 			t.Fatalf("%s: %d %s", body, r.StatusCode, b)
 		}
 	}
-	if r, b := e.post(t, "/v1/responses", `{`+resp+`,"background":false,"previous_response_id":null,"tools":[{"type":"function","name":"f"}]}`); r.StatusCode != 200 {
+	if r, b := e.post(t, "/v1/responses", `{`+resp+`,"background":false,"previous_response_id":null,"tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"auto","tools":[{"type":"function","name":"f"}]}}`); r.StatusCode != 200 {
 		t.Fatalf("allowed responses request: %d %s", r.StatusCode, b)
 	}
 	// A file's data sent inline is counted, and passes.
