@@ -20,6 +20,13 @@ type chatDelta struct {
 	Refusal          *string `json:"refusal"`
 	// ToolCalls' functions are decoded after the delta (decodeTools).
 	ToolCalls []chatToolCall `json:"tool_calls"`
+	// FunctionCall is the legacy form a model answers in when the
+	// request has functions (passed through): counted as a tool call.
+	FunctionCall rawJSON `json:"function_call"`
+	function     struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	}
 }
 
 // chatToolCall is a tool call of a delta: its function as decodeTools
@@ -40,7 +47,7 @@ func (d *chatDelta) decodeTools() error {
 			return err
 		}
 	}
-	return nil
+	return d.FunctionCall.decode(&d.function)
 }
 
 func (d *chatDelta) count(oc *outCounter) {
@@ -50,12 +57,18 @@ func (d *chatDelta) count(oc *outCounter) {
 		}
 	}
 	for _, tc := range d.ToolCalls {
-		if tc.fn.Name != "" {
-			oc.Part(5, tc.fn.Name)
-		}
-		if tc.fn.Arguments != "" {
-			oc.Part(6, tc.fn.Arguments)
-		}
+		countCall(oc, tc.fn.Name, tc.fn.Arguments)
+	}
+	countCall(oc, d.function.Name, d.function.Arguments)
+}
+
+// countCall counts a tool call's name and arguments.
+func countCall(oc *outCounter, name, args string) {
+	if name != "" {
+		oc.Part(5, name)
+	}
+	if args != "" {
+		oc.Part(6, args)
 	}
 }
 

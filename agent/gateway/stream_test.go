@@ -356,6 +356,31 @@ func TestReasoningStreamCounted(t *testing.T) {
 	}
 }
 
+// A legacy function_call (the answer to a request with functions, passed
+// through) is counted and cut as tool calls are: a provider that streams
+// its arguments past the reservation is stopped.
+func TestLegacyFunctionCallCounted(t *testing.T) {
+	args := strings.Repeat(`{\"city\":\"Lisbon\"},`, 40)
+	up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		evs := []string{`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","function_call":{"name":"weather","arguments":""}}}]}`}
+		for range 20 {
+			evs = append(evs, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"function_call":{"arguments":"`+args+`"}}}]}`)
+		}
+		evs = append(evs, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"finish_reason":"function_call"}]}`, "data: [DONE]")
+		sse(w, evs...)
+	})
+	e := newEnv(t, up.upstream(), nil)
+	e.gov.cap = 50
+	lines := rawSSE(t, e, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[],"stream":true,"functions":[{"name":"weather"}]}`)
+	_, _, out, _ := e.gov.last(t)
+	if !out.Truncated || out.Counted == 0 || out.Counted > 50 {
+		t.Fatalf("function_call stream: outcome %+v", out)
+	}
+	if lines[len(lines)-1] != "[DONE]" || !strings.Contains(strings.Join(lines, ""), `"finish_reason":"length"`) {
+		t.Fatalf("the cut stream did not end as a cut: %q", lines[len(lines)-3:])
+	}
+}
+
 // A client that leaves half way: the provider is hung up on, and the
 // tokens that passed are settled.
 func TestAbandonedStream(t *testing.T) {
