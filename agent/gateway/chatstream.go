@@ -159,6 +159,7 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 	rd.lr.beforeBlock = sw.flush
 	oc := newOutCounter(a.Model)
 	e := chatEnd{created: h.o.Now().Unix()}
+	var relayed int64
 	for {
 		ev, err := rd.next()
 		if err != nil {
@@ -168,6 +169,12 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 		data := bytes.TrimSpace(ev.data)
 		if string(data) == "[DONE]" {
 			e.end = endDone
+			break
+		}
+		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput) {
+			// What it streamed is not counted: it is charged the whole
+			// reservation.
+			e.passed, e.end = max(e.passed, a.MaxOutput), endCut
 			break
 		}
 		var ch chatChunk
@@ -219,6 +226,27 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 		}
 	}
 	return h.endChat(sw, c, held, &e)
+}
+
+// A stream is cut, as at its reservation, once the provider sent more
+// than streamBytesPerToken bytes of events per reserved output token, and
+// streamBytesBase besides. Only the output in the events is counted
+// (deltas), so a provider that streams what is not counted (a vendor
+// field, a Responses event without a delta, forever) is stopped by its
+// bytes, and charged its whole reservation. An honest stream sends a few
+// hundred bytes a token, logprobs included.
+const (
+	streamBytesPerToken = 4 << 10
+	streamBytesBase     = 1 << 20
+)
+
+// overStreamBytes reports whether relayed bytes of events pass the bound
+// for maxOutput reserved tokens (0: no bound).
+func overStreamBytes(relayed, maxOutput int64) bool {
+	if maxOutput <= 0 {
+		return false
+	}
+	return relayed > satAdd(min(maxOutput, 1<<40)*streamBytesPerToken, streamBytesBase)
 }
 
 // chatEnd is what relayChat's loop leaves for the stream's end.

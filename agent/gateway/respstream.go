@@ -148,6 +148,7 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 	st := &respState{keep: h.o.MaxEvent}
 	var (
 		passed       int64
+		relayed      int64
 		reported     *Usage
 		model        string
 		end          streamEnd
@@ -173,6 +174,10 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 		}
 		if ev.Type == "error" || ev.Type == "response.failed" && !sw.started {
 			end, brokenReason = endBroken, "an error event"
+			break
+		}
+		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput) {
+			passed, end = max(passed, a.MaxOutput), endCut
 			break
 		}
 		if d, ok := isDelta(&ev); ok {

@@ -381,6 +381,57 @@ func TestLegacyFunctionCallCounted(t *testing.T) {
 	}
 }
 
+// A provider that streams forever what is not counted (a vendor field of
+// a chat delta, a Responses event without a delta) is cut by its bytes,
+// as at its reservation, hung up on, and charged the whole reservation.
+func TestUncountedStreamCutByBytes(t *testing.T) {
+	pad := strings.Repeat("x", 1000)
+	forever := func(event string) func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		return func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := 0; r.Context().Err() == nil && i < 100_000; i++ {
+				_, _ = io.WriteString(w, "data: "+event+"\n\n")
+				w.(http.Flusher).Flush()
+			}
+		}
+	}
+	for _, c := range []struct{ name, path, body, event, end string }{
+		{"chat", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[],"stream":true}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"vendor_thoughts":"` + pad + `"}}]}`,
+			`"finish_reason":"length"`},
+		{"responses", "/v1/responses", `{"model":"gpt-4o-mini","input":"hi","stream":true}`,
+			`{"type":"response.output_item.done","output_index":0,"item":{"type":"message","id":"m","role":"assistant","content":[{"type":"output_text","text":"` + pad + `"}]}}`,
+			`"status":"incomplete"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := newScripted(t, forever(c.event))
+			e := newEnv(t, up.upstream(), nil)
+			e.gov.cap = 50
+			// Read whole: the closing event carries the items that passed
+			// (up to MaxEvent), longer than rawSSE's lines.
+			req, _ := http.NewRequest(http.MethodPost, e.srv.URL+c.path, strings.NewReader(c.body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			_, _, out, _ := e.gov.last(t)
+			if !out.Truncated || out.Counted != 50 {
+				t.Fatalf("not cut and charged the reservation (50): %+v after %d bytes", out, len(raw))
+			}
+			if bound := 50*streamBytesPerToken + streamBytesBase + 2*DefaultMaxEvent; len(raw) > bound {
+				t.Fatalf("%d bytes relayed, over %d", len(raw), bound)
+			}
+			tail := raw[max(len(raw)-2*DefaultMaxEvent, 0):]
+			if !bytes.Contains(tail, []byte(c.end)) {
+				t.Fatalf("the stream did not end as a cut one: %.300q", tail[max(len(tail)-300, 0):])
+			}
+		})
+	}
+}
+
 // A client that leaves half way: the provider is hung up on, and the
 // tokens that passed are settled.
 func TestAbandonedStream(t *testing.T) {
