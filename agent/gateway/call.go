@@ -39,13 +39,18 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		spec.MinOutput = minOutput(kind, c.model)
 		// An image costs what the model that serves it says (gpt-4o-mini
 		// 33 times gpt-4o): a fallback's dearer images are reserved too.
-		asked := tokens.ImageTokens(c.model)
-		most := asked
 		for _, m := range h.o.FallbackModels {
 			spec.MinOutput = max(spec.MinOutput, minOutput(kind, m))
-			most = max(most, tokens.ImageTokens(m))
 		}
-		spec.PromptTokens += c.images * (most - asked)
+		for i, n := range c.images {
+			low := i == 1
+			asked := tokens.ImageTokens(c.model, low)
+			most := asked
+			for _, m := range h.o.FallbackModels {
+				most = max(most, tokens.ImageTokens(m, low))
+			}
+			spec.PromptTokens += n * (most - asked)
+		}
 		if spec.MaxOutput > 0 {
 			spec.MaxOutput = max(spec.MaxOutput, spec.MinOutput)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,15 +95,19 @@ func TestMinOutputCoversFallback(t *testing.T) {
 // models: a gpt-4o call that may fall back to gpt-4o-mini holds each image
 // at gpt-4o-mini's 48,169 tokens, not gpt-4o's 1,445.
 func TestImagesReservedForFallback(t *testing.T) {
-	body := `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"image_url","image_url":{"url":"https://x/b.png"}}]}]}`
+	high := `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"image_url","image_url":{"url":"https://x/b.png"}}]}]}`
+	low := strings.ReplaceAll(high, `.png"}`, `.png","detail":"low"}`)
 	for _, tc := range []struct {
-		name      string
-		fallbacks []string
-		least     int64
+		name, body string
+		fallbacks  []string
+		least      int64
 	}{
-		{"no fallback", nil, 2 * 1445},
-		{"gpt-4o-mini fallback", []string{"gpt-4o-mini"}, 2 * 48169},
+		{"no fallback", high, nil, 2 * 1445},
+		{"gpt-4o-mini fallback", high, []string{"gpt-4o-mini"}, 2 * 48169},
+		{"low detail, no fallback", low, nil, 2 * 85},
+		{"low detail, gpt-4o-mini fallback", low, []string{"gpt-4o-mini"}, 2 * 2833},
 	} {
+		body := tc.body
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, okUpstream(t).upstream(), func(o *Options) { o.FallbackModels = tc.fallbacks })
 			e.task.Models = []string{"gpt-4o"}

@@ -156,10 +156,31 @@ type call struct {
 	maxOut      int64
 	limitFields []string
 	prompt      int64
-	// images is how many images the prompt holds, each counted at
-	// tokens.ImageTokens of the model.
-	images  int64
+	// images is how many images the prompt holds, of any detail and of
+	// low detail, each counted at tokens.ImageTokens of the model.
+	images  [2]int64
 	counter tokens.Counter
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// imageDetail is an image part's detail: chat's image_url.detail,
+// Responses' detail.
+func imageDetail(typ string, p map[string]json.RawMessage) string {
+	raw := p["detail"]
+	if typ == "image_url" {
+		var u map[string]json.RawMessage
+		if json.Unmarshal(p["image_url"], &u) == nil {
+			raw = u["detail"]
+		}
+	}
+	d, _ := asString(raw)
+	return d
 }
 
 // The most output a client may ask for; above it the number is nonsense
@@ -495,8 +516,9 @@ func (c *call) contentText(raw json.RawMessage, field string) (string, int64, er
 				continue
 			}
 		case "image_url", "input_image":
-			c.images++
-			extra += tokens.ImageTokens(c.model)
+			low := imageDetail(typ, p) == "low"
+			c.images[b2i(low)]++
+			extra += tokens.ImageTokens(c.model, low)
 		case "file", "input_file":
 			extra += fileTokens
 		}

@@ -248,7 +248,7 @@ func TestPromptEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.prompt < tokens.ImageTokens("gpt-4o")+10 {
+	if c.prompt < tokens.ImageTokens("gpt-4o", false)+10 {
 		t.Fatalf("image prompt %d", c.prompt)
 	}
 	// gpt-4o-mini's images cost 33 times gpt-4o's tokens: one image is
@@ -259,6 +259,14 @@ func TestPromptEstimate(t *testing.T) {
 	}
 	if mini.prompt < 48169 {
 		t.Fatalf("a gpt-4o-mini image held at %d tokens", mini.prompt)
+	}
+	// At low detail it is held at gpt-4o-mini's base.
+	low, err := parseCall(KindResponses, []byte(`{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://x/y.png","detail":"low"}]}]}`), anyModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if low.prompt < 2833 || low.prompt > 3000 {
+		t.Fatalf("a low-detail gpt-4o-mini image held at %d tokens", low.prompt)
 	}
 	r, err := parseCall(KindResponses, []byte(`{"model":"gpt-4o","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"hello there"}]},{"type":"function_call","name":"lookup","arguments":"{\"city\":\"Rome\"}","call_id":"c"},{"type":"function_call_output","call_id":"c","output":"sunny"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}`), anyModel)
 	if err != nil {

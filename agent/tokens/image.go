@@ -19,11 +19,15 @@ import "strings"
 // Another OpenAI model is held at the largest of these; any other model
 // at 16,384 (Qwen2.5-VL's most at its default resolution; Llama and
 // Claude images cost a few thousand).
-func ImageTokens(model string) int64 {
-	const (
-		tiles   = 8
-		patches = 1536
-	)
+//
+// With low, the image's detail is "low": a tile model bills its base
+// only (gpt-4o-mini 2,833); the others are held as above.
+func ImageTokens(model string, low bool) int64 {
+	const patches = 1536
+	tiles := int64(8)
+	if low {
+		tiles = 0
+	}
 	m := baseName(model)
 	mini, nano := strings.Contains(m, "-mini"), strings.Contains(m, "-nano")
 	switch {

@@ -25,8 +25,25 @@ func TestImageTokens(t *testing.T) {
 		{"llava:13b", 16384},
 		{"qwen2.5-vl-72b", 16384},
 	} {
-		if got := ImageTokens(c.model); got != c.want {
+		if got := ImageTokens(c.model, false); got != c.want {
 			t.Errorf("ImageTokens(%q) = %d, want %d", c.model, got, c.want)
+		}
+	}
+	// Low detail: a tile model's base; the others as at any detail.
+	for _, c := range []struct {
+		model string
+		want  int64
+	}{
+		{"gpt-4o-mini", 2833},
+		{"gpt-4o", 85},
+		{"o3", 75},
+		{"gpt-5", 70},
+		{"gpt-4.1-mini", 2488},
+		{"gpt-3.5-turbo", 2833},
+		{"llava:13b", 16384},
+	} {
+		if got := ImageTokens(c.model, true); got != c.want {
+			t.Errorf("ImageTokens(%q, low) = %d, want %d", c.model, got, c.want)
 		}
 	}
 }
