@@ -28,7 +28,11 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	if kind == KindEmbeddings {
 		allowed = func(m string) bool { return m == h.o.EmbeddingModel }
 	}
-	c, err := parseCall(kind, body, allowed)
+	refs := h.o.ReferenceTokens
+	if refs <= 0 {
+		refs = DefaultReferenceTokens
+	}
+	c, err := parseCallHolding(kind, body, allowed, refs)
 	if err != nil {
 		h.o.WriteError(w, r, err)
 		return

@@ -121,3 +121,24 @@ func TestImagesReservedForFallback(t *testing.T) {
 		})
 	}
 }
+
+// A Responses item reference is held at Options.ReferenceTokens (the
+// binary's FAREGATE_LLM_MAX_TOKENS): the Vercel AI SDK sends each earlier
+// answer as one, and the call goes ahead.
+func TestItemReferenceHeld(t *testing.T) {
+	up := newScripted(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"r","object":"response","status":"completed","model":"gpt-4o-mini","output":[],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`)
+	})
+	e := newEnv(t, up.upstream(), func(o *Options) { o.ReferenceTokens = 3000 })
+	if r, b := e.post(t, "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"item_reference","id":"msg_1"},{"role":"user","content":"and then?"}]}`); r.StatusCode != 200 {
+		t.Fatalf("%d %s", r.StatusCode, b)
+	}
+	spec, _, _, _ := e.gov.last(t)
+	if spec.PromptTokens < 3000 || spec.PromptTokens > 3100 {
+		t.Fatalf("prompt reserved at %d tokens, want 3,000 for the reference and its text", spec.PromptTokens)
+	}
+	if got := up.lastBody(t)["input"].([]any)[1].(map[string]any)["type"]; got != "item_reference" {
+		t.Fatalf("the reference was not forwarded as sent: %v", got)
+	}
+}

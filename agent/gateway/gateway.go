@@ -192,6 +192,11 @@ type Options struct {
 	// provider takes more than the primary's (OpenAI's Responses behind a
 	// local model) is never sent more than was reserved.
 	FallbackModels []string
+	// ReferenceTokens is what a Responses item reference (an earlier
+	// call's output item, by id: its content is the provider's) is held
+	// at: the most output one call may have, FAREGATE_LLM_MAX_TOKENS;
+	// 0: DefaultReferenceTokens.
+	ReferenceTokens int64
 	// MaxBody bounds a request body (FAREGATE_V1_MAX_BODY); 0: 2097152.
 	MaxBody int64
 	// MaxAnswer bounds a non-streamed provider answer; 0: 8 MiB.
@@ -209,6 +214,8 @@ const (
 	DefaultMaxBody   = 2097152
 	DefaultMaxAnswer = 8 << 20
 	DefaultMaxEvent  = 1 << 20
+	// DefaultReferenceTokens is FAREGATE_LLM_MAX_TOKENS' default.
+	DefaultReferenceTokens = 1024
 )
 
 // handler serves the model endpoint.

@@ -156,10 +156,19 @@ type call struct {
 	maxOut      int64
 	limitFields []string
 	prompt      int64
+	// refTokens is what a Responses item reference is held at
+	// (Options.ReferenceTokens).
+	refTokens int64
 	// images is how many images the prompt holds, of any detail and of
 	// low detail, each counted at tokens.ImageTokens of the model.
 	images  [2]int64
 	counter tokens.Counter
+}
+
+// mustJSON is v's JSON (v decoded from JSON, so it encodes).
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
 }
 
 func b2i(b bool) int {
@@ -192,11 +201,17 @@ const maxOutputAsked = 1 << 40
 // costs the JSON scan only, never a tokenizer's load or a prompt's count
 // (up to FAREGATE_V1_MAX_BODY of BPE), which no limit would hold.
 func parseCall(kind string, body []byte, allowed func(model string) bool) (*call, error) {
+	return parseCallHolding(kind, body, allowed, DefaultReferenceTokens)
+}
+
+// parseCallHolding is parseCall with a Responses item reference held at
+// refTokens.
+func parseCallHolding(kind string, body []byte, allowed func(model string) bool, refTokens int64) (*call, error) {
 	o, err := parseObject(body, "body")
 	if err != nil {
 		return nil, err
 	}
-	c := &call{kind: kind, obj: o}
+	c := &call{kind: kind, obj: o, refTokens: refTokens}
 	raw, ok := o.get("model")
 	if !ok {
 		return nil, invalid("model", "is required")
@@ -590,8 +605,12 @@ func (c *call) responsesPrompt() (int64, error) {
 			case typ == "item_reference" || typ == "" && role == "":
 				// An item the provider stored, its content unseen (an
 				// item with neither type nor role is one: the type
-				// defaults to item_reference).
-				return 0, unsupported(at, "item references are not served; send the item itself")
+				// defaults to item_reference). The Vercel AI SDK sends
+				// each earlier answer so (its store defaults to true):
+				// an output of an earlier call, which is held at the
+				// most one call may produce.
+				extra += c.refTokens
+				extra += c.counter.Count(string(mustJSON(it)))
 			case typ == "function_call":
 				name, _ := asString(it["name"])
 				args, _ := asString(it["arguments"])

@@ -72,8 +72,6 @@ func TestRefusedParameters(t *testing.T) {
 		{"a chat file by id", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":[{"type":"text","text":"sum up"},{"type":"file","file":{"file_id":"file-abc"}}]}]}`, "400", "unsupported_parameter", "messages[0].content[1].file.file_id"},
 		{"a responses file by id", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-abc"}]}]}`, "400", "unsupported_parameter", "input[0].content[0].file_id"},
 		{"a responses file by url", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, "400", "unsupported_parameter", "input[1].output[0].file_url"},
-		{"an item reference", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":"hi"},{"type":"item_reference","id":"msg_1"}]}`, "400", "unsupported_parameter", "input[1]"},
-		{"an item reference without its type", "/v1/responses", `{"model":"gpt-4o-mini","input":[{"id":"msg_1"}]}`, "400", "unsupported_parameter", "input[0]"},
 		{"a forced custom tool", "/v1/chat/completions", `{` + chat + `,"tool_choice":{"type":"custom","custom":{"name":"g"}}}`, "400", "unsupported_parameter", "tool_choice.type"},
 		{"a forced web search", "/v1/responses", `{` + resp + `,"tool_choice":{"type":"web_search_preview"}}`, "400", "unsupported_parameter", "tool_choice.type"},
 		{"a forced mcp tool", "/v1/responses", `{` + resp + `,"tool_choice":{"type":"mcp","server_label":"x"}}`, "400", "unsupported_parameter", "tool_choice.type"},
@@ -275,6 +273,16 @@ func TestPromptEstimate(t *testing.T) {
 	plain, _ := parseCall(KindResponses, []byte(`{"model":"gpt-4o","input":"hello there"}`), anyModel)
 	if r.prompt <= plain.prompt+10 {
 		t.Fatalf("items and tools were not counted: %d vs %d", r.prompt, plain.prompt)
+	}
+	// An item reference (the Vercel AI SDK's form of each earlier answer)
+	// is held at the most one call may produce, its content unseen; one
+	// with neither type nor role is one too.
+	refs, err := parseCallHolding(KindResponses, []byte(`{"model":"gpt-4o","input":[{"role":"user","content":"hello there"},{"type":"item_reference","id":"msg_1"},{"id":"fc_2"}]}`), anyModel, 700)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs.prompt < plain.prompt+2*700 || refs.prompt > plain.prompt+2*700+40 {
+		t.Fatalf("two item references added %d to the prompt, want 1,400 and their JSON", refs.prompt-plain.prompt)
 	}
 	// A predicted output is billed, where the model does not use it, as
 	// output past max_tokens: it is reserved with the prompt.

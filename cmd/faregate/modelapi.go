@@ -207,6 +207,7 @@ func (x *externalAgent) mountModels(cfg *config, lg *slog.Logger, st *storage, s
 		fallbacks: fallbackNames(sp.models),
 		embedding: cfg.EmbeddingModel,
 		maxBody:   cfg.V1MaxBody,
+		refTokens: int64(cfg.LLMMaxTokens),
 		lg:        lg,
 	})
 	x.v1.Models = func(w http.ResponseWriter, r *http.Request) error {
@@ -233,6 +234,8 @@ type modelEndpointParts struct {
 	fallbacks []string // the Governor's fallback model, if any
 	embedding string
 	maxBody   int64
+	// refTokens holds a Responses item reference (FAREGATE_LLM_MAX_TOKENS).
+	refTokens int64
 	lg        *slog.Logger
 }
 
@@ -271,11 +274,12 @@ func modelEndpoint(p modelEndpointParts) http.Handler {
 			}
 			return gateway.Task{ID: g.Task, Principal: g.Principal, Tier: g.Tier, Deadline: g.Deadline, Models: models}, true
 		},
-		WriteError:     api.WriteV1Error,
-		RequestID:      func(r *http.Request) string { return api.RequestID(r.Context()) },
-		EmbeddingModel: p.embedding,
-		FallbackModels: p.fallbacks,
-		MaxBody:        p.maxBody,
-		Logger:         lg,
+		WriteError:      api.WriteV1Error,
+		RequestID:       func(r *http.Request) string { return api.RequestID(r.Context()) },
+		EmbeddingModel:  p.embedding,
+		FallbackModels:  p.fallbacks,
+		MaxBody:         p.maxBody,
+		ReferenceTokens: p.refTokens,
+		Logger:          lg,
 	})
 }
