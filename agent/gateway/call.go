@@ -17,6 +17,17 @@ import (
 	"faregate/agent/tokens"
 )
 
+// dearerImage is how much more an image (at low detail, with low) may
+// cost on the dearest fallback model than on model.
+func (h *handler) dearerImage(model string, low bool) int64 {
+	asked := tokens.ImageTokens(model, low)
+	most := asked
+	for _, m := range h.o.FallbackModels {
+		most = max(most, tokens.ImageTokens(m, low))
+	}
+	return most - asked
+}
+
 // serveCall answers one governed model call.
 func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind string) {
 	body, err := h.readBody(r)
@@ -46,14 +57,8 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 		for _, m := range h.o.FallbackModels {
 			spec.MinOutput = max(spec.MinOutput, minOutput(kind, m))
 		}
-		for i, n := range c.images {
-			low := i == 1
-			asked := tokens.ImageTokens(c.model, low)
-			most := asked
-			for _, m := range h.o.FallbackModels {
-				most = max(most, tokens.ImageTokens(m, low))
-			}
-			spec.PromptTokens += n * (most - asked)
+		if c.images+c.lowImages > 0 {
+			spec.PromptTokens += c.images*h.dearerImage(c.model, false) + c.lowImages*h.dearerImage(c.model, true)
 		}
 		if spec.MaxOutput > 0 {
 			spec.MaxOutput = max(spec.MaxOutput, spec.MinOutput)

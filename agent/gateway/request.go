@@ -159,23 +159,11 @@ type call struct {
 	// refTokens is what a Responses item reference is held at
 	// (Options.ReferenceTokens).
 	refTokens int64
-	// images is how many images the prompt holds, of any detail and of
-	// low detail, each counted at tokens.ImageTokens of the model.
-	images  [2]int64
-	counter tokens.Counter
-}
-
-// mustJSON is v's JSON (v decoded from JSON, so it encodes).
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	// images and lowImages are how many images the prompt holds, at any
+	// detail and at low detail, each counted at tokens.ImageTokens of the
+	// model.
+	images, lowImages int64
+	counter           tokens.Counter
 }
 
 // imageDetail is an image part's detail: chat's image_url.detail,
@@ -463,9 +451,9 @@ func (c *call) chatPrompt() (int64, error) {
 	tm := make([]tokens.Message, 0, len(msgs))
 	var extra int64
 	for i, m := range msgs {
-		text, more, err := c.contentText(m.Content, "messages["+strconv.Itoa(i)+"].content")
-		if err != nil {
-			return 0, err
+		text, more, ref := c.contentText(m.Content)
+		if ref != "" {
+			return 0, unsupported("messages["+strconv.Itoa(i)+"].content"+ref, fileRefReason)
 		}
 		extra += more
 		t := tokens.Message{Role: m.Role, Name: m.Name, Content: text}
@@ -498,27 +486,27 @@ func (c *call) chatPrompt() (int64, error) {
 // parts) and the tokens of its other parts: images and files at their
 // allowance plus their JSON, anything unknown at its JSON.
 //
-// A file given by reference (a file_id, a file_url) is refused: its text
-// is the provider's to extract, unseen by the reservation. (An image by
-// reference is bounded by its allowance; a file's data sent inline is
-// counted as its JSON.) field names raw in the error.
-func (c *call) contentText(raw json.RawMessage, field string) (string, int64, error) {
+// A file given by reference (a file_id, a file_url) is not served: its
+// text is the provider's to extract, unseen by the reservation; ref then
+// names it within raw ("[1].file.file_id"), for the caller's refusal. (An
+// image by reference is bounded by its allowance; a file's data sent
+// inline is counted as its JSON.)
+func (c *call) contentText(raw json.RawMessage) (text string, extra int64, ref string) {
 	if len(raw) == 0 || isNull(raw) {
-		return "", 0, nil
+		return "", 0, ""
 	}
 	if s, ok := asString(raw); ok {
-		return s, 0, nil
+		return s, 0, ""
 	}
 	var parts []map[string]json.RawMessage
 	if json.Unmarshal(raw, &parts) != nil {
-		return "", c.counter.Count(string(raw)), nil
+		return "", c.counter.Count(string(raw)), ""
 	}
 	var b strings.Builder
-	var extra int64
 	for j, p := range parts {
 		typ, _ := asString(p["type"])
 		if ref := fileRef(typ, p); ref != "" {
-			return "", 0, unsupported(field+"["+strconv.Itoa(j)+"]."+ref, "files by reference are not served; send the file's data")
+			return "", 0, "[" + strconv.Itoa(j) + "]." + ref
 		}
 		switch typ {
 		case "text", "input_text", "output_text", "refusal":
@@ -532,7 +520,11 @@ func (c *call) contentText(raw json.RawMessage, field string) (string, int64, er
 			}
 		case "image_url", "input_image":
 			low := imageDetail(typ, p) == "low"
-			c.images[b2i(low)]++
+			if low {
+				c.lowImages++
+			} else {
+				c.images++
+			}
 			extra += tokens.ImageTokens(c.model, low)
 		case "file", "input_file":
 			extra += fileTokens
@@ -540,8 +532,11 @@ func (c *call) contentText(raw json.RawMessage, field string) (string, int64, er
 		raw, _ := json.Marshal(p)
 		extra += c.counter.Count(string(raw))
 	}
-	return b.String(), extra, nil
+	return b.String(), extra, ""
 }
+
+// fileRefReason is why a file by reference is refused.
+const fileRefReason = "files by reference are not served; send the file's data"
 
 // fileRef names the member by which a content part of type typ refers to
 // a file the provider holds or fetches ("file.file_id", "file_id",
@@ -594,39 +589,38 @@ func (c *call) responsesPrompt() (int64, error) {
 		if json.Unmarshal(raw, &items) != nil {
 			return 0, invalid("input", "must be a string or an array of items")
 		}
+		at := func(i int, rest string) string { return "input[" + strconv.Itoa(i) + "]" + rest }
 		for i, it := range items {
 			typ, _ := asString(it["type"])
 			role, _ := asString(it["role"])
-			at := "input[" + strconv.Itoa(i) + "]"
-			var text string
+			var text, ref string
 			var more int64
-			var err error
 			switch {
-			case typ == "item_reference" || typ == "" && role == "":
-				// An item the provider stored, its content unseen (an
-				// item with neither type nor role is one: the type
-				// defaults to item_reference). The Vercel AI SDK sends
-				// each earlier answer so (its store defaults to true):
-				// an output of an earlier call, which is held at the
-				// most one call may produce.
-				extra += c.refTokens
-				extra += c.counter.Count(string(mustJSON(it)))
 			case typ == "function_call":
 				name, _ := asString(it["name"])
 				args, _ := asString(it["arguments"])
 				tm = append(tm, tokens.Message{Role: "assistant", ToolCalls: []tokens.ToolCall{{Name: name, Arguments: args}}})
 			case typ == "function_call_output":
-				if text, more, err = c.contentText(it["output"], at+".output"); err != nil {
-					return 0, err
+				if text, more, ref = c.contentText(it["output"]); ref != "" {
+					return 0, unsupported(at(i, ".output")+ref, fileRefReason)
 				}
 				extra += more
 				tm = append(tm, tokens.Message{Role: "tool", Content: text})
 			case role != "" && (typ == "" || typ == "message"):
-				if text, more, err = c.contentText(it["content"], at+".content"); err != nil {
-					return 0, err
+				if text, more, ref = c.contentText(it["content"]); ref != "" {
+					return 0, unsupported(at(i, ".content")+ref, fileRefReason)
 				}
 				extra += more
 				tm = append(tm, tokens.Message{Role: role, Content: text})
+			case typ == "item_reference" || typ == "":
+				// An item the provider stored, its content unseen (an
+				// item with neither type nor role is one: the type
+				// defaults to item_reference). The Vercel AI SDK sends
+				// each earlier answer so (its store defaults to true):
+				// an output of an earlier call, which is held at the
+				// most one call may produce, beside its JSON.
+				extra += c.refTokens
+				fallthrough
 			default:
 				// Reasoning items, item references and kinds this
 				// package does not know: their JSON, which errs high.
