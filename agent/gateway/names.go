@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -74,8 +73,8 @@ func foldRune(r rune) rune {
 // caseFolds reports whether a case-insensitive decoder could read name
 // as another name: it has an upper-case ASCII letter, or a rune beyond
 // ASCII that folds into it.
-func caseFolds(name string) bool {
-	for _, r := range name {
+func caseFolds(name []byte) bool {
+	for _, r := range string(name) {
 		if 'A' <= r && r <= 'Z' || r >= utf8.RuneSelf && foldRune(r) < utf8.RuneSelf {
 			return true
 		}
@@ -87,39 +86,61 @@ func caseFolds(name string) bool {
 // member name that caseFolds: at any depth when deep, else only the
 // members of the objects that are raw's array's elements (a tool's own
 // members, not its parameters' JSON Schema, whose names are the
-// agent's). It scans the bytes once and decodes only a name with an
-// escape in it.
+// agent's).
 func checkNames(raw []byte, field string, deep bool) error {
-	depth := 0
+	var bad string
+	eachName(raw, func(depth int, name []byte, _ *[]string) bool {
+		if (deep || depth == 2) && caseFolds(name) {
+			bad = string(name)
+			return false
+		}
+		return true
+	})
+	if bad != "" {
+		return invalid(field, "has a member named "+strconv.Quote(bad)+
+			", which a case-insensitive decoder reads as another; member names here are lower case")
+	}
+	return nil
+}
+
+// eachName calls fn with each member name of the valid JSON raw, in order
+// (decoded when it has an escape), the depth of the objects and arrays it
+// is in (1 for a member of raw itself), and the names fn kept for its
+// object so far (fn appends to keep one). It stops when fn returns false.
+// It scans the bytes once.
+func eachName(raw []byte, fn func(depth int, name []byte, kept *[]string) bool) {
+	// One entry per open object or array: what fn kept (an array's stays
+	// empty).
+	var open [][]string
 	for i := 0; i < len(raw); i++ {
 		switch raw[i] {
 		case '{', '[':
-			depth++
+			open = append(open, nil)
 		case '}', ']':
-			depth--
+			if len(open) > 0 {
+				open = open[:len(open)-1]
+			}
 		case '"':
 			end := stringEnd(raw, i+1)
 			if end < 0 {
-				return invalid(field, "is not valid JSON")
+				return // not valid JSON: the decoders refuse it
 			}
-			if (deep || depth == 2) && isMemberName(raw, end+1) {
+			if len(open) > 0 && isMemberName(raw, end+1) {
 				name := raw[i+1 : end]
 				if bytes.IndexByte(name, '\\') >= 0 {
 					var s string
 					if json.Unmarshal(raw[i:end+1], &s) != nil {
-						return invalid(field, "is not valid JSON")
+						return
 					}
 					name = []byte(s)
 				}
-				if caseFolds(string(name)) {
-					return invalid(field, "has a member named "+strconv.Quote(string(name))+
-						", which a case-insensitive decoder reads as another; member names here are lower case")
+				if !fn(len(open), name, &open[len(open)-1]) {
+					return
 				}
 			}
 			i = end
 		}
 	}
-	return nil
 }
 
 // stringEnd is the index of the quote that ends the JSON string whose
@@ -165,37 +186,15 @@ func isMemberName(raw []byte, at int) bool {
 // and "Description" say: a struct decoder reads the last, OpenAI the
 // exact one.
 func foldTwins(raw []byte) bool {
-	// One entry per open object or array: the folded names of an
-	// object's members so far (an array's stays empty).
-	var open [][]string
-	isObj := make([]bool, 0, 8)
-	for i := 0; i < len(raw); i++ {
-		switch raw[i] {
-		case '{', '[':
-			open = append(open, nil)
-			isObj = append(isObj, raw[i] == '{')
-		case '}', ']':
-			if len(open) > 0 {
-				open, isObj = open[:len(open)-1], isObj[:len(isObj)-1]
-			}
-		case '"':
-			end := stringEnd(raw, i+1)
-			if end < 0 {
-				return false // not valid JSON: the decoders refuse it
-			}
-			if n := len(open); n > 0 && isObj[n-1] && isMemberName(raw, end+1) {
-				name := string(raw[i+1 : end])
-				if strings.IndexByte(name, '\\') >= 0 {
-					_ = json.Unmarshal(raw[i:end+1], &name)
-				}
-				f := foldName(name)
-				if slices.Contains(open[n-1], f) {
-					return true
-				}
-				open[n-1] = append(open[n-1], f)
-			}
-			i = end
+	twins := false
+	eachName(raw, func(_ int, name []byte, kept *[]string) bool {
+		f := foldName(string(name))
+		if slices.Contains(*kept, f) {
+			twins = true
+			return false
 		}
-	}
-	return false
+		*kept = append(*kept, f)
+		return true
+	})
+	return twins
 }
