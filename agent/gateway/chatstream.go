@@ -171,7 +171,7 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 			e.end = endDone
 			break
 		}
-		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput) {
+		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput, 0) {
 			// What it streamed is not counted: it is charged the whole
 			// reservation.
 			e.passed, e.end = max(e.passed, a.MaxOutput), endCut
@@ -241,12 +241,15 @@ const (
 )
 
 // overStreamBytes reports whether relayed bytes of events pass the bound
-// for maxOutput reserved tokens (0: no bound).
-func overStreamBytes(relayed, maxOutput int64) bool {
+// for maxOutput reserved tokens (0: no bound) and a request of echoed
+// bytes that the stream may repeat: a Responses stream echoes the
+// request's instructions and tools in its response.created,
+// response.in_progress and closing events, four times at most.
+func overStreamBytes(relayed, maxOutput, echoed int64) bool {
 	if maxOutput <= 0 {
 		return false
 	}
-	return relayed > satAdd(min(maxOutput, 1<<40)*streamBytesPerToken, streamBytesBase)
+	return relayed > satAdd(satAdd(min(maxOutput, 1<<40)*streamBytesPerToken, streamBytesBase), 4*min(echoed, 1<<40))
 }
 
 // chatEnd is what relayChat's loop leaves for the stream's end.

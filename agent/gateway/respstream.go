@@ -146,6 +146,10 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 	rd.lr.beforeBlock = sw.flush
 	oc, reasoning := newOutCounter(a.Model), newOutCounter(a.Model)
 	st := &respState{keep: h.o.MaxEvent}
+	var echoed int64 // the request's size, taken before the stream forgets it
+	if c.obj != nil {
+		echoed = int64(totalSize(c.obj))
+	}
 	var (
 		passed       int64
 		relayed      int64
@@ -176,7 +180,7 @@ func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *
 			end, brokenReason = endBroken, "an error event"
 			break
 		}
-		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput) {
+		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput, echoed) {
 			passed, end = max(passed, a.MaxOutput), endCut
 			break
 		}

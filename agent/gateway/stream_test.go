@@ -432,6 +432,39 @@ func TestUncountedStreamCutByBytes(t *testing.T) {
 	}
 }
 
+// A Responses stream echoes the request's instructions in its created,
+// in-progress and closing events: a long system prompt under a small
+// reservation is not mistaken for a stream of what is not counted.
+func TestResponsesEchoIsNotCut(t *testing.T) {
+	instructions := strings.Repeat("Answer in the voice of a patient tour guide. ", 9000) // ~400 KB
+	echo, _ := json.Marshal(map[string]any{"id": "r", "object": "response", "status": "in_progress", "model": "gpt-4o-mini", "instructions": instructions, "output": []any{}})
+	done, _ := json.Marshal(map[string]any{"id": "r", "object": "response", "status": "completed", "model": "gpt-4o-mini", "instructions": instructions, "output": []any{},
+		"usage": map[string]any{"input_tokens": 90000, "output_tokens": 2, "total_tokens": 90002}})
+	up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		sse(w,
+			`data: {"type":"response.created","response":`+string(echo)+`}`,
+			`data: {"type":"response.in_progress","response":`+string(echo)+`}`,
+			`data: {"type":"response.output_text.delta","output_index":0,"content_index":0,"item_id":"m","delta":"Hello"}`,
+			`data: {"type":"response.output_text.delta","output_index":0,"content_index":0,"item_id":"m","delta":" there"}`,
+			`data: {"type":"response.completed","response":`+string(done)+`}`)
+	})
+	e := newEnv(t, up.upstream(), nil)
+	e.gov.cap = 16
+	body, _ := json.Marshal(map[string]any{"model": "gpt-4o-mini", "instructions": instructions, "input": "hi", "stream": true})
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/responses", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_, _, out, _ := e.gov.last(t)
+	if out.Truncated || !bytes.Contains(raw, []byte(`"type":"response.completed"`)) {
+		t.Fatalf("an echoing stream of %d bytes under a 16-token reservation was cut: %+v", len(raw), out)
+	}
+}
+
 // A client that leaves half way: the provider is hung up on, and the
 // tokens that passed are settled.
 func TestAbandonedStream(t *testing.T) {
