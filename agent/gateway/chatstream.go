@@ -159,7 +159,10 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 	rd.lr.beforeBlock = sw.flush
 	oc := newOutCounter(a.Model)
 	e := chatEnd{created: h.o.Now().Unix()}
-	var relayed int64
+	var relayed, echoed int64
+	if c.obj != nil {
+		echoed = int64(totalSize(c.obj)) // vLLM's echo repeats the prompt
+	}
 	for {
 		ev, err := rd.next()
 		if err != nil {
@@ -171,7 +174,7 @@ func (h *handler) relayChat(ctx context.Context, w http.ResponseWriter, c *call,
 			e.end = endDone
 			break
 		}
-		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput, 0) {
+		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput, echoed) {
 			// What it streamed is not counted: it is charged the whole
 			// reservation.
 			e.passed, e.end = max(e.passed, a.MaxOutput), endCut
@@ -244,7 +247,8 @@ const (
 // for maxOutput reserved tokens (0: no bound) and a request of echoed
 // bytes that the stream may repeat: a Responses stream echoes the
 // request's instructions and tools in its response.created,
-// response.in_progress and closing events, four times at most.
+// response.in_progress and closing events, four times at most; vLLM's
+// echo repeats a chat prompt once.
 func overStreamBytes(relayed, maxOutput, echoed int64) bool {
 	if maxOutput <= 0 {
 		return false
