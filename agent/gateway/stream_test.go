@@ -409,14 +409,8 @@ func TestUncountedStreamCutByBytes(t *testing.T) {
 			e.gov.cap = 50
 			// Read whole: the closing event carries the items that passed
 			// (up to MaxEvent), longer than rawSSE's lines.
-			req, _ := http.NewRequest(http.MethodPost, e.srv.URL+c.path, strings.NewReader(c.body))
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			_, whole := e.post(t, c.path, c.body)
+			raw := []byte(whole)
 			_, _, out, _ := e.gov.last(t)
 			if !out.Truncated || out.Counted != 50 {
 				t.Fatalf("not cut and charged the reservation (50): %+v after %d bytes", out, len(raw))
@@ -451,14 +445,8 @@ func TestResponsesEchoIsNotCut(t *testing.T) {
 	e := newEnv(t, up.upstream(), nil)
 	e.gov.cap = 16
 	body, _ := json.Marshal(map[string]any{"model": "gpt-4o-mini", "instructions": instructions, "input": "hi", "stream": true})
-	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/responses", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_, whole := e.post(t, "/v1/responses", string(body))
+	raw := []byte(whole)
 	_, _, out, _ := e.gov.last(t)
 	if out.Truncated || !bytes.Contains(raw, []byte(`"type":"response.completed"`)) {
 		t.Fatalf("an echoing stream of %d bytes under a 16-token reservation was cut: %+v", len(raw), out)
