@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -141,15 +142,25 @@ func startCluster(t testing.TB, replicas bool) *Cluster {
 	}
 	base := t.TempDir()
 	cl := &Cluster{}
-	for _, port := range clusterPorts(t, 6) {
-		n := &clusterNode{port: port, dir: filepath.Join(base, strconv.Itoa(port))}
-		if err := os.MkdirAll(n.dir, 0o755); err != nil {
+	for range 6 {
+		// As StartWith: a port taken between the check and the bind makes
+		// the node exit at once; it tries fresh ports.
+		var n *clusterNode
+		var err error
+		for range startTries {
+			port := clusterPorts(t, 1)[0]
+			n = &clusterNode{port: port, dir: filepath.Join(base, strconv.Itoa(port))}
+			if err := os.MkdirAll(n.dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err = n.start(bin); !errors.Is(err, errExited) {
+				break
+			}
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 		cl.nodes = append(cl.nodes, n)
-		if err := n.start(bin); err != nil {
-			t.Fatal(err)
-		}
 	}
 	t.Cleanup(func() {
 		for _, n := range cl.nodes {

@@ -9,6 +9,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -203,13 +204,30 @@ func StartWith(t testing.TB, args ...string) *Server {
 		}
 		t.Skip(msg)
 	}
-	s := &Server{bin: bin, port: freePort(t), args: args}
-	if err := s.Start(); err != nil {
+	s := &Server{bin: bin, args: args}
+	// A port free when freePort closed its listener can be taken before
+	// redis-server binds it (another package's server, or an outgoing
+	// connection's ephemeral port: the ranges overlap): then the server
+	// exits at once, and a fresh port is tried.
+	for range startTries {
+		s.port = freePort(t)
+		if err = s.Start(); !errors.Is(err, errExited) {
+			break
+		}
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
 	return s
 }
+
+// startTries is how many ports a first start tries.
+const startTries = 5
+
+// errExited is a redis-server that exited before it answered: most often
+// its port was taken by the time it bound it.
+var errExited = errors.New("exited at start")
 
 // URL is the redis:// address of the server.
 func (s *Server) URL() string { return "redis://" + s.Addr() }
@@ -269,7 +287,7 @@ func (p *process) start(bin, dir, addr string, args []string) error {
 		select {
 		case <-done:
 			p.cmd = nil
-			return fmt.Errorf("redistest: redis-server for %s exited at start", addr)
+			return fmt.Errorf("redistest: redis-server for %s %w", addr, errExited)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
