@@ -23,6 +23,7 @@ import (
 
 	"faregate/agent"
 	"faregate/agent/chat"
+	"faregate/protect/budget"
 	"faregate/protect/redistest"
 )
 
@@ -39,7 +40,9 @@ import (
 //     limits, the Governor with budget, ledger, both buckets, the step);
 //     endpoint-unbatched: the same on a client without redisbatch's hook;
 //   - builtin: the built-in planner's governed call (Governor.Call) whose
-//     attempt calls the upstream the same way the client does.
+//     attempt calls the upstream the same way the client does;
+//   - budget-only: builtin with nothing but the budget (reserve, settle
+//     and ledger entry): the floor of a per-call atomic shared budget.
 //
 // 32 workers make non-streaming calls; each variant reports p50 and p99
 // latency, requests per second and, against direct, the added p50 and
@@ -213,6 +216,32 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 		added(b, run32(b, rdb, func() (time.Duration, error) {
 			t0 := time.Now()
 			_, err := rig.gov.Call(context.Background(), rig.spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
+				if _, err := up(); err != nil {
+					return agent.Outcome{}, err
+				}
+				return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
+			})
+			return time.Since(t0), err
+		}))
+	})
+	// The floor of an atomic shared budget per call: the same governed
+	// call with nothing but the budget (its reservation before the call,
+	// its settle with the ledger entry after: two scripts, two round
+	// trips; no bucket, pacing, call limit or step). What this costs the
+	// two cores besides the upstream is the least any design that asks
+	// Redis on every call can spend.
+	b.Run("budget-only", func(b *testing.B) {
+		gov := agent.NewGovernor(agent.Config{MaxSteps: 8, MaxTokens: 1000}, agent.Deps{
+			Models: &agent.Models{Primary: agent.Model{Name: endpointModel}},
+			Budget: budget.New(rdb, budget.Options{Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}}),
+			Ledger: budget.NewLedger(rdb, time.Now),
+		})
+		spec := rig.spec
+		spec.Principal.TokensPerMinute = 0
+		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
+		added(b, run32(b, rdb, func() (time.Duration, error) {
+			t0 := time.Now()
+			_, err := gov.Call(context.Background(), spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
 				if _, err := up(); err != nil {
 					return agent.Outcome{}, err
 				}
