@@ -18,6 +18,7 @@ import (
 	"faregate/agent/gateway"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
+	"faregate/protect/budget"
 	"faregate/protect/codes"
 	"faregate/protect/policy"
 	"faregate/protect/principal"
@@ -106,6 +107,7 @@ func (s *server) v1Routes(r chi.Router) {
 			keyed.Method(http.MethodPost, p, h)
 		}
 		keyed.Method(http.MethodGet, "/v1/models", h)
+		keyed.Method(http.MethodGet, "/v1/models/*", h)
 	}
 }
 
@@ -497,6 +499,10 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	if errors.As(err, &pm) {
 		msg = pm.publicMessage()
 	}
+	var ex *budget.ExhaustedError
+	if errors.As(err, &ex) {
+		msg = v1BudgetMessage(ex, msg)
+	}
 	body := map[string]any{"code": spec.code, "message": msg, "type": v1Type(spec.status, spec.code)}
 	if st != nil && st.id != "" {
 		body["request_id"] = st.id
@@ -515,6 +521,21 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	raw, _ := json.Marshal(map[string]any{"error": body})
 	w.WriteHeader(spec.status)
 	_, _ = w.Write(append(raw, '\n'))
+}
+
+// v1BudgetMessage says which budget refused a model call, for the agent's
+// developer: the task's own (it never refills: the agent must finish with
+// what it has) reads differently from the day's ("resets at 00:00 UTC",
+// def). Only the task's shows a number; it is the agent's own.
+func v1BudgetMessage(ex *budget.ExhaustedError, def string) string {
+	switch ex.Scope {
+	case budget.ScopeTask:
+		return "This task's token budget cannot afford the call: it has " + strconv.FormatInt(ex.Remaining, 10) +
+			" tokens left, fewer than the prompt (as faregate counts it, images at their worst case) and one output token. A task's budget does not refill."
+	case budget.ScopePrincipal:
+		return "This visitor's model budget for today is used up. It resets at 00:00 UTC."
+	}
+	return def
 }
 
 // clipMessage bounds a message built from a request's own words (a field

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -98,6 +99,9 @@ func TestV1Surface(t *testing.T) {
 	if w := v1Do(srv, "GET", "/v1/models", key, "", ""); w.Code != 200 {
 		t.Fatalf("models: %d", w.Code)
 	}
+	if w := v1Do(srv, "GET", "/v1/models/meta-llama/Llama-3.1-8B", key, "", ""); w.Code != 200 {
+		t.Fatalf("one model: %d", w.Code)
+	}
 
 	w := v1Do(srv, "POST", "/v1/embeddings", key, "application/json", `{}`)
 	if code, typ := v1Code(t, w); w.Code != 429 || code != codes.DemoBudgetExhausted || typ != "insufficient_quota" {
@@ -137,6 +141,37 @@ func TestV1Surface(t *testing.T) {
 		w := v1Do(srv, c.method, c.path, c.key, c.ct, c.body)
 		if code, typ := v1Code(t, w); w.Code != c.status || code != c.code || typ != c.typ {
 			t.Errorf("%s: %d %s %s, want %d %s %s", c.name, w.Code, code, typ, c.status, c.code, c.typ)
+		}
+	}
+}
+
+// TestV1BudgetMessages: a budget refusal of a model call says which
+// budget refused: the task's own (with what it has left; it never
+// refills) or the visitor's day; the site's keeps the table's message.
+func TestV1BudgetMessages(t *testing.T) {
+	for _, tc := range []struct {
+		scope budget.Scope
+		want  string
+	}{
+		{budget.ScopeTask, "it has 37 tokens left"},
+		{budget.ScopePrincipal, "This visitor's model budget for today is used up"},
+		{budget.ScopeSite, "Today's model budget is used up"},
+		{budget.ScopeTier, "Today's model budget is used up"},
+	} {
+		var ex error = &budget.ExhaustedError{Scope: tc.scope, Remaining: 37}
+		srv, key, _ := v1Server(t, func(w http.ResponseWriter, r *http.Request) error {
+			return fmt.Errorf("governed call refused: %w", ex)
+		})
+		w := v1Do(srv, "POST", "/v1/chat/completions", key, "application/json", `{}`)
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		_ = json.Unmarshal(w.Body.Bytes(), &e)
+		if w.Code != 429 || e.Error.Code != codes.DemoBudgetExhausted || !strings.Contains(e.Error.Message, tc.want) {
+			t.Errorf("%s: %d %+v, want a message with %q", tc.scope, w.Code, e.Error, tc.want)
+		}
+		if tc.scope != budget.ScopeTask && strings.Contains(e.Error.Message, "37") {
+			t.Errorf("%s: a day's budget shows a number: %q", tc.scope, e.Error.Message)
 		}
 	}
 }

@@ -52,6 +52,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -263,8 +264,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/models":
 		method = http.MethodGet
 	default:
-		h.o.WriteError(w, r, ErrNotFound)
-		return
+		// GET /v1/models/{model}: the official clients' models.retrieve
+		// (a model id may hold slashes: "meta-llama/Llama-3.1-8B").
+		if _, ok := strings.CutPrefix(r.URL.Path, "/v1/models/"); !ok {
+			h.o.WriteError(w, r, ErrNotFound)
+			return
+		}
+		method = http.MethodGet
 	}
 	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
 		w.Header().Set("Allow", method)
@@ -277,6 +283,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if kind == "" {
+		if id, one := strings.CutPrefix(r.URL.Path, "/v1/models/"); one {
+			h.serveModel(w, r, t, id)
+			return
+		}
 		h.serveModels(w, r, t)
 		return
 	}
@@ -290,25 +300,44 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serveModels lists the models the key may use, in OpenAI's list shape.
 func (h *handler) serveModels(w http.ResponseWriter, r *http.Request, t Task) {
 	b := []byte(`{"object":"list","data":[`)
-	seen := map[string]bool{}
-	add := func(m string) {
-		if m == "" || seen[m] {
-			return
-		}
-		if len(seen) > 0 {
+	for i, m := range h.models(t) {
+		if i > 0 {
 			b = append(b, ',')
 		}
-		seen[m] = true
-		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m)
-		b = append(b, `,"object":"model","created":0,"owned_by":"faregate"}`...)
+		b = appendModel(b, m)
 	}
-	for _, m := range t.Models {
-		add(m)
-	}
-	add(h.o.EmbeddingModel)
 	b = append(b, "]}"...)
 	writeJSON(w, b)
+}
+
+// serveModel answers one model of serveModels' list as OpenAI's model
+// object, and any other id 404 naming the parameter.
+func (h *handler) serveModel(w http.ResponseWriter, r *http.Request, t Task, id string) {
+	if slices.Contains(h.models(t), id) {
+		writeJSON(w, appendModel(nil, id))
+		return
+	}
+	h.o.WriteError(w, r, &ParamError{Err: ErrNotFound, Field: "model",
+		Reason: "not a model this key may use (GET /v1/models lists them)"})
+}
+
+// models are the models the key may use: the task's, then the embedding
+// model, each once.
+func (h *handler) models(t Task) []string {
+	out := make([]string, 0, len(t.Models)+1)
+	for _, m := range append(t.Models[:len(t.Models):len(t.Models)], h.o.EmbeddingModel) {
+		if m != "" && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// appendModel appends model m as OpenAI's model object.
+func appendModel(b []byte, m string) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, m)
+	return append(b, `,"object":"model","created":0,"owned_by":"faregate"}`...)
 }
 
 // readBody reads a JSON body of at most MaxBody bytes: refused from the

@@ -217,6 +217,19 @@ func TestEmbeddingsAndModels(t *testing.T) {
 	if strings.Join(ids, ",") != testModel+","+offline.ModelName+",text-embedding-3-small" {
 		t.Fatalf("models %v", ids)
 	}
+	// models.retrieve: each listed model, and no other.
+	for _, id := range ids {
+		m, err := e.client.Models.Get(context.Background(), id)
+		if err != nil || m.ID != id || m.Object != "model" {
+			t.Fatalf("retrieve %s: %+v, %v", id, m, err)
+		}
+	}
+	for _, id := range []string{"gpt-4", testModel + "x", "a/b"} {
+		_, err := e.client.Models.Get(context.Background(), id)
+		if !asAPIError(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "not_found" || apiErr.Param != "model" {
+			t.Fatalf("retrieve %s: %v", id, err)
+		}
+	}
 
 	// Without an embedding model the route is not there.
 	e = newEnv(t, offlineUpstream(), func(o *Options) { o.EmbeddingModel = "" })
