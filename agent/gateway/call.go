@@ -101,7 +101,7 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	end.write()
 	switch {
 	case err == nil:
-	case !started.Load() && r.Context().Err() != nil:
+	case !started.Load() && r.Context().Err() != nil && !errors.Is(err, ErrEndsTask):
 		if why := context.Cause(r.Context()); why != nil && !errors.Is(why, context.Canceled) && !errors.Is(why, context.DeadlineExceeded) {
 			// The request was ended for a reason of its own (the task's
 			// key could not be checked: 503, fail closed; or its task

@@ -56,6 +56,12 @@ var (
 	// counts it for the breaker and may try the fallback while Started is
 	// false; what reaches the writer maps to 503 model_unavailable.
 	ErrUpstream = errors.New("gateway: the model provider failed")
+	// ErrEndsTask marks a refusal that ends the task itself (an input
+	// spike): the task's end then cuts the call's request while its answer
+	// is being written, and the refusal, not that cut (409 task_finished),
+	// is the answer. It joins the refusal's own error, which the table
+	// maps.
+	ErrEndsTask = errors.New("gateway: the refusal ends the task")
 )
 
 // ParamError names the request field behind a refusal. It unwraps to its

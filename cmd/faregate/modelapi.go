@@ -153,7 +153,9 @@ func endpointError(err error) error {
 	if code, _, ok := agent.FailureCode(err); ok {
 		switch code {
 		case codes.InputSpike:
-			return fmt.Errorf("%w: %w", ratelimit.ErrInputSpike, err)
+			// The step this refusal writes ends the task (record), which
+			// cuts this very request: the refusal is still its answer.
+			return fmt.Errorf("%w: %w: %w", ratelimit.ErrInputSpike, gateway.ErrEndsTask, err)
 		case codes.TokenRateLimited:
 			return &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: time.Minute}
 		}

@@ -854,3 +854,46 @@ func TestV1AgentFailures(t *testing.T) {
 	assertFinalEvents(t, f.waitEnded(t, 10*time.Second), "failed", task.CodeAgentUnreachable)
 	failNothingHeld(t, rdb, id)
 }
+
+// TestV1InputSpikeAnswered: the call that trips the input-spike check is
+// answered 429 input_spike (insufficient_quota, x-should-retry false) even
+// though that refusal ends its task at once: the lease holder reads the
+// failed step and revokes the key, cutting the call's request, while the
+// answer is being written (it once answered 409 task_finished). The task
+// then fails input_spike, and its key is refused.
+func TestV1InputSpikeAnswered(t *testing.T) {
+	redistest.Require(t)
+	rs := redistest.Start(t)
+	up := newFailUpstream(t)
+	agent := newFailAgent(t, up)
+	s := startServer(t, failEnv(rs.URL(), agent.srv.URL, up.srv.URL, map[string]string{"FAREGATE_AGENT_TIMEOUT": "60s"}))
+	id := createTrip(t, s.URL, "hold")
+	var d delivery
+	select {
+	case d = <-agent.delivered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery")
+	}
+	key, base := d.Body.OpenAI.APIKey, d.Body.OpenAI.BaseURL
+	// Five calls teach the principal's average prompt.
+	for i := range 6 {
+		if a := failPost(t, base+"/chat/completions", key, failChatBody("fail:ok", false, "")); a.status != 200 {
+			t.Fatalf("call %d: %d %s", i, a.status, a.raw)
+		}
+	}
+	before := up.total()
+	a := failPost(t, base+"/chat/completions", key, failChatBody("fail:ok "+strings.Repeat("Lisbon has seven hills. ", 1500), false, ""))
+	if a.status != 429 || a.code != codes.InputSpike || a.typ != "insufficient_quota" || a.header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("the spiking call: %d %v %s", a.status, a.header, a.raw)
+	}
+	if n := up.total() - before; n != 0 {
+		t.Fatalf("the spiking call reached the upstream %d times", n)
+	}
+	task := waitTask(t, s.URL, id)
+	if task["status"] != "failed" || taskError(task) != codes.InputSpike {
+		t.Fatalf("task %v", task)
+	}
+	if a := failPost(t, base+"/chat/completions", key, failChatBody("fail:ok", false, "")); a.status != 401 || a.code != codes.InvalidAPIKey {
+		t.Fatalf("the key after the spike: %d %s", a.status, a.raw)
+	}
+}
