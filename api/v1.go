@@ -58,6 +58,9 @@ type Fetched struct {
 // built-in tools; a refusal wraps ErrFetchRefused.
 type Fetcher interface {
 	Fetch(ctx context.Context, g taskkey.Grant, url string, maxBytes int64) (Fetched, error)
+	// Check refuses (ErrFetchRefused) a URL Fetch would refuse without
+	// the network: asked before the tool call is counted.
+	Check(url string) error
 }
 
 // V1Handler serves part of /v1 (the model endpoint) behind the task key:
@@ -392,11 +395,19 @@ func (s *server) handleV1Fetch() http.Handler {
 			s.WriteV1Error(w, r, &InvalidError{Fields: fields})
 			return
 		}
+		raw := strings.TrimSpace(*req.URL)
+		// Refused on its face (not http(s), credentials, a private
+		// literal address): answered before it costs one of the task's
+		// tool calls.
+		if err := s.d.V1.Fetch.Check(raw); err != nil {
+			s.WriteV1Error(w, r, err)
+			return
+		}
 		if err := s.d.V1.Keys.Tool(r.Context(), g); err != nil {
 			s.WriteV1Error(w, r, err)
 			return
 		}
-		page, err := s.d.V1.Fetch.Fetch(r.Context(), g, strings.TrimSpace(*req.URL), limit)
+		page, err := s.d.V1.Fetch.Fetch(r.Context(), g, raw, limit)
 		if err != nil {
 			s.WriteV1Error(w, r, err)
 			return

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 
@@ -33,6 +34,36 @@ type Fetched struct {
 	Truncated   bool   `json:"truncated"`
 }
 
+// CheckFetchURL refuses, with ErrFetchRefused, what Fetch would refuse
+// without asking the network: a URL that is not an absolute http(s) one,
+// carries credentials, or names a literal address that is not public (a
+// name is judged by what it resolves to, when Fetch dials). The endpoint
+// checks it before it counts a tool call: a refusal that cost nothing
+// spends none of the task's calls.
+func CheckFetchURL(raw string) error {
+	u, err := checkFetchURL(raw)
+	if err != nil {
+		return err
+	}
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil && !IsPublic(a) {
+		return fmt.Errorf("%w: not a public address", ErrFetchRefused)
+	}
+	return nil
+}
+
+// checkFetchURL is CheckFetchURL without the address: Fetch leaves that
+// to its client's dial (SafeTransport, whose Policy may allow more).
+func checkFetchURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || len(raw) > maxURLLen {
+		return nil, fmt.Errorf("%w: not an absolute http(s) URL", ErrFetchRefused)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%w: credentials in the URL", ErrFetchRefused)
+	}
+	return u, nil
+}
+
 // Fetch GETs raw through c, which must be built like fetch_page's (an
 // outbound session on SafeTransport: public addresses only, honest
 // identity, one answer per task for the same request, capped retries),
@@ -45,12 +76,9 @@ func Fetch(ctx context.Context, c *http.Client, raw string, maxBytes int64) (Fet
 		maxBytes = DefaultFetchBytes
 	}
 	maxBytes = min(maxBytes, MaxPageBytes)
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(raw) > maxURLLen {
-		return Fetched{}, fmt.Errorf("%w: not an absolute http(s) URL", ErrFetchRefused)
-	}
-	if u.User != nil {
-		return Fetched{}, fmt.Errorf("%w: credentials in the URL", ErrFetchRefused)
+	u, err := checkFetchURL(raw)
+	if err != nil {
+		return Fetched{}, err
 	}
 	u.Fragment = ""
 	cc := *NewFetchPage(c).(fetchPage).c

@@ -63,3 +63,37 @@ func TestFetchForAgent(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFetchURL: what Fetch refuses without the network, and what it
+// leaves to the dial (a name, judged by its addresses).
+func TestCheckFetchURL(t *testing.T) {
+	for _, tc := range []struct {
+		url    string
+		refuse bool
+	}{
+		{"https://example.org/page", false},
+		{"http://example.org:8080/a?b#c", false},
+		{"http://localhost/", false}, // a name: the dial judges it
+		{"http://93.184.215.14/", false},
+		{"http://[2606:4700::6810:84e5]/", false},
+		{"http://127.0.0.1/", true},
+		{"http://[::1]:8080/", true},
+		{"http://[::ffff:127.0.0.1]/", true},
+		{"http://169.254.169.254/latest", true},
+		{"http://10.1.2.3/", true},
+		{"http://[fe80::1%25eth0]/", true},
+		{"ftp://example.org/", true},
+		{"file:///etc/passwd", true},
+		{"javascript:alert(1)", true},
+		{"https:///x", true},
+		{"//example.org/", true},
+		{"http://user:pw@example.org/", true},
+		{"http://example.org/" + strings.Repeat("a", 2048), true},
+		{"http://exa mple.org/", true},
+	} {
+		err := CheckFetchURL(tc.url)
+		if tc.refuse != (err != nil) || (err != nil && !errors.Is(err, ErrFetchRefused)) {
+			t.Errorf("%q: %v, want refused %v", tc.url, err, tc.refuse)
+		}
+	}
+}

@@ -122,6 +122,14 @@ func (f *v1Fetcher) Fetch(ctx context.Context, g taskkey.Grant, url string, maxB
 	return api.Fetched(page), nil
 }
 
+// Check implements api.Fetcher.
+func (f *v1Fetcher) Check(url string) error {
+	if err := tools.CheckFetchURL(url); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrFetchRefused, err)
+	}
+	return nil
+}
+
 // session is g's task's client, new for its first fetch here.
 func (f *v1Fetcher) session(g taskkey.Grant) *http.Client {
 	now := f.now()

@@ -753,11 +753,22 @@ func TestV1BadInput(t *testing.T) {
 				t.Fatalf("%s: %d %s", body, a.status, a.raw)
 			}
 		}
-		for _, body := range []string{`{"url":"http://127.0.0.1/"}`, `{"url":"http://[::1]/"}`, `{"url":"http://169.254.169.254/latest"}`, `{"url":"ftp://example.org/"}`} {
-			a := failPost(t, base+"/tools/fetch", key, body)
-			if a.status != 400 || a.code != "fetch_refused" || a.typ != "invalid_request_error" {
-				t.Fatalf("fetch %s: %d %s", body, a.status, a.raw)
+		// Refused on their face, these cost none of the task's tool calls
+		// (FAREGATE_AGENT_MAX_TOOL_CALLS, 12 by default): twice round
+		// is more than it has.
+		for range 2 {
+			for _, body := range []string{`{"url":"http://127.0.0.1/"}`, `{"url":"http://[::1]/"}`, `{"url":"http://169.254.169.254/latest"}`,
+				`{"url":"ftp://example.org/"}`, `{"url":"file:///etc/passwd"}`, `{"url":"http://user:pw@example.org/"}`, `{"url":"http://[::ffff:10.0.0.1]/"}`, `{"url":"https:///x"}`} {
+				a := failPost(t, base+"/tools/fetch", key, body)
+				if a.status != 400 || a.code != "fetch_refused" || a.typ != "invalid_request_error" {
+					t.Fatalf("fetch %s: %d %s", body, a.status, a.raw)
+				}
 			}
+		}
+		// A name is judged by what it resolves to: that fetch counts, and
+		// is refused as it is.
+		if a := failPost(t, base+"/tools/fetch", key, `{"url":"http://localhost/"}`); a.status != 400 || a.code != "fetch_refused" {
+			t.Fatalf("fetch localhost: %d %s", a.status, a.raw)
 		}
 		for _, body := range []string{`{"url":42}`, `{"max_bytes":10}`} {
 			if a := failPost(t, base+"/tools/fetch", key, body); a.status != 400 || a.code != codes.InvalidRequest {
