@@ -332,3 +332,58 @@ func BenchmarkRefusedModel(b *testing.B) {
 		})
 	}
 }
+
+// passedChat and passedResponses are the OpenAI request fields the model
+// endpoint forwards byte for byte (as well as any field it does not know):
+// the list the manual and the closing note give. Governed, and so
+// rewritten: model, the output limit, stream_options; refused: the
+// cost-changing ones (TestRefusedParameters).
+var passedChat = []string{
+	`"messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"hi"}],"name":"ana"}]`,
+	`"temperature":0.2`, `"top_p":0.9`, `"frequency_penalty":0.1`, `"presence_penalty":-0.1`,
+	`"logit_bias":{"50256":-100}`, `"logprobs":true`, `"top_logprobs":3`, `"stop":["\n\n","END"]`, `"seed":42`,
+	`"user":"u-1"`, `"safety_identifier":"s-1"`, `"prompt_cache_key":"k-1"`, `"metadata":{"run":"a"}`, `"store":false`,
+	`"response_format":{"type":"json_schema","json_schema":{"name":"trip","schema":{"type":"object"},"strict":true}}`,
+	`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true}}]`,
+	`"tool_choice":{"type":"function","function":{"name":"get_weather"}}`, `"parallel_tool_calls":false`,
+	`"reasoning_effort":"low"`, `"verbosity":"low"`, `"modalities":["text"]`, `"n":1`, `"service_tier":"auto"`,
+}
+
+var passedResponses = []string{
+	`"input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call_output","call_id":"c1","output":"{}"}]`,
+	`"instructions":"Be brief."`, `"temperature":0.2`, `"top_p":0.9`, `"top_logprobs":2`,
+	`"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"},"strict":false}]`,
+	`"tool_choice":"auto"`, `"parallel_tool_calls":true`, `"max_tool_calls":4`,
+	`"text":{"format":{"type":"json_schema","name":"trip","schema":{"type":"object"}},"verbosity":"low"}`,
+	`"reasoning":{"effort":"low","summary":"auto"}`, `"include":["reasoning.encrypted_content"]`, `"truncation":"disabled"`,
+	`"metadata":{"run":"a"}`, `"store":false`, `"user":"u-1"`, `"safety_identifier":"s-1"`, `"prompt_cache_key":"k-1"`,
+	`"service_tier":"default"`,
+}
+
+// TestOpenAIFieldsPassUntouched: every field of passedChat and
+// passedResponses reaches the provider exactly as the client wrote it.
+func TestOpenAIFieldsPassUntouched(t *testing.T) {
+	for _, tc := range []struct {
+		path   string
+		head   string
+		fields []string
+	}{
+		{"/v1/chat/completions", `"model":"gpt-4o-mini","max_completion_tokens":50`, passedChat},
+		{"/v1/responses", `"model":"gpt-4o-mini","max_output_tokens":50`, passedResponses},
+	} {
+		up := okUpstream(t)
+		e := newEnv(t, up.upstream(), nil)
+		body := "{" + tc.head + "," + strings.Join(tc.fields, ",") + "}"
+		if r, b := e.post(t, tc.path, body); r.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", tc.path, r.StatusCode, b)
+		}
+		up.mu.Lock()
+		raw := string(up.bodies[0])
+		up.mu.Unlock()
+		for _, f := range tc.fields {
+			if !strings.Contains(raw, f) {
+				t.Errorf("%s: %s did not arrive as sent; the provider got %s", tc.path, f, raw)
+			}
+		}
+	}
+}
