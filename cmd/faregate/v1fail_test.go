@@ -296,6 +296,18 @@ func (a *failAgentServer) hold(t *testing.T, d delivery) {
 	}
 }
 
+// next is the next "hold" delivery, within 20 s.
+func (a *failAgentServer) next(t *testing.T) delivery {
+	t.Helper()
+	select {
+	case d := <-a.delivered:
+		return d
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery")
+		return delivery{}
+	}
+}
+
 func (a *failAgentServer) streamEnd(id string) chan failStreamEnd {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -444,12 +456,7 @@ func TestV1BadInput(t *testing.T) {
 	env["FAREGATE_AGENT_TIMEOUT"] = "60s"
 	s := startServer(t, env)
 	id := createTrip(t, s.URL, "hold")
-	var d delivery
-	select {
-	case d = <-agent.delivered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no delivery")
-	}
+	d := agent.next(t)
 	key, base := d.Body.OpenAI.APIKey, d.Body.OpenAI.BaseURL
 	if d.Body.Task.ID != id || d.Body.OpenAI.Model != failModel {
 		t.Fatalf("delivery %+v", d.Body)
@@ -879,14 +886,9 @@ func TestV1InputSpikeAnswered(t *testing.T) {
 	agent := newFailAgent(t, up)
 	s := startServer(t, failEnv(rs.URL(), agent.srv.URL, up.srv.URL, map[string]string{"FAREGATE_AGENT_TIMEOUT": "60s"}))
 	id := createTrip(t, s.URL, "hold")
-	var d delivery
-	select {
-	case d = <-agent.delivered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no delivery")
-	}
+	d := agent.next(t)
 	key, base := d.Body.OpenAI.APIKey, d.Body.OpenAI.BaseURL
-	// Five calls teach the principal's average prompt.
+	// Six calls teach the principal's average prompt (five are needed).
 	for i := range 6 {
 		if a := failPost(t, base+"/chat/completions", key, failChatBody("fail:ok", false, "")); a.status != 200 {
 			t.Fatalf("call %d: %d %s", i, a.status, a.raw)
