@@ -266,7 +266,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		// GET /v1/models/{model}: the official clients' models.retrieve
 		// (a model id may hold slashes: "meta-llama/Llama-3.1-8B").
-		if _, ok := strings.CutPrefix(r.URL.Path, "/v1/models/"); !ok {
+		if !strings.HasPrefix(r.URL.Path, "/v1/models/") {
 			h.o.WriteError(w, r, ErrNotFound)
 			return
 		}
@@ -325,7 +325,7 @@ func (h *handler) serveModel(w http.ResponseWriter, r *http.Request, t Task, id 
 // model, each once.
 func (h *handler) models(t Task) []string {
 	out := make([]string, 0, len(t.Models)+1)
-	for _, m := range append(t.Models[:len(t.Models):len(t.Models)], h.o.EmbeddingModel) {
+	for _, m := range slices.Concat(t.Models, []string{h.o.EmbeddingModel}) {
 		if m != "" && !slices.Contains(out, m) {
 			out = append(out, m)
 		}
