@@ -157,10 +157,12 @@ func (a *fakeAgent) serve(w http.ResponseWriter, r *http.Request) {
 			a.done <- d.destination
 		}()
 	case "limits":
-		// Tools and events up to their limits, then 200.
+		// Tools and events up to their limits, then 200. The fetches name
+		// a host that resolves to loopback: refused when dialled, and
+		// counted (a loopback literal is refused before it counts).
 		other := a.other(d)
 		for i := 0; i < 13; i++ {
-			st, raw := a.postFull(other, d.Body.Tools.FetchURL, key, `{"url":"http://127.0.0.1:1/"}`)
+			st, raw := a.postFull(other, d.Body.Tools.FetchURL, key, `{"url":"http://localhost:1/"}`)
 			a.limitAnswers = append(a.limitAnswers, limitAnswer{"fetch", st, raw})
 		}
 		for i := 0; i < 201; i++ {
