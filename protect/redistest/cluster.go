@@ -142,6 +142,13 @@ func startCluster(t testing.TB, replicas bool) *Cluster {
 	}
 	base := t.TempDir()
 	cl := &Cluster{}
+	// Registered before the first node starts: a start that fails later
+	// must not leave the earlier nodes running after the test.
+	t.Cleanup(func() {
+		for _, n := range cl.nodes {
+			n.kill()
+		}
+	})
 	for range 6 {
 		// As StartWith: a port taken between the check and the bind makes
 		// the node exit at once; it tries fresh ports.
@@ -157,16 +164,11 @@ func startCluster(t testing.TB, replicas bool) *Cluster {
 				break
 			}
 		}
+		cl.nodes = append(cl.nodes, n) // killed at cleanup, whatever err says
 		if err != nil {
 			t.Fatal(err)
 		}
-		cl.nodes = append(cl.nodes, n)
 	}
-	t.Cleanup(func() {
-		for _, n := range cl.nodes {
-			n.kill()
-		}
-	})
 	args := []string{"--cluster", "create"}
 	for _, n := range cl.nodes {
 		args = append(args, n.addr())

@@ -205,6 +205,7 @@ func StartWith(t testing.TB, args ...string) *Server {
 		t.Skip(msg)
 	}
 	s := &Server{bin: bin, args: args}
+	t.Cleanup(s.Stop) // before the start: one that fails may leave a process
 	// A port free when freePort closed its listener can be taken before
 	// redis-server binds it (another package's server, or an outgoing
 	// connection's ephemeral port: the ranges overlap): then the server
@@ -218,7 +219,6 @@ func StartWith(t testing.TB, args ...string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Stop)
 	return s
 }
 
