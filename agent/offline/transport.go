@@ -33,9 +33,17 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { pr.CloseWithError(ctx.Err()) })
 	go func() {
 		defer func() {
-			if p := recover(); p != nil {
+			switch p := recover(); {
+			case p != nil:
 				pw.CloseWithError(fmt.Errorf("offline: handler panicked: %v", p))
-			} else {
+			case ctx.Err() != nil:
+				// A handler that stopped because the request was cancelled
+				// did not finish its answer: the reader gets the context's
+				// error, as from a network transport, and not an EOF that
+				// would pass a cut answer for a whole one (the AfterFunc
+				// below may run after this).
+				pw.CloseWithError(ctx.Err())
+			default:
 				pw.Close()
 			}
 			rw.writeHeader(http.StatusOK) // a handler that wrote nothing
