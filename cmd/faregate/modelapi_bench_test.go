@@ -213,16 +213,7 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 	})
 	b.Run("builtin", func(b *testing.B) {
 		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
-		added(b, run32(b, rdb, func() (time.Duration, error) {
-			t0 := time.Now()
-			_, err := rig.gov.Call(context.Background(), rig.spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
-				if _, err := up(); err != nil {
-					return agent.Outcome{}, err
-				}
-				return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
-			})
-			return time.Since(t0), err
-		}))
+		added(b, run32(b, rdb, governedCall(rig.gov, rig.spec, up)))
 	})
 	// The floor of an atomic shared budget per call: the same governed
 	// call with nothing but the budget (its reservation before the call,
@@ -239,17 +230,23 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 		spec := rig.spec
 		spec.Principal.TokensPerMinute = 0
 		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
-		added(b, run32(b, rdb, func() (time.Duration, error) {
-			t0 := time.Now()
-			_, err := gov.Call(context.Background(), spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
-				if _, err := up(); err != nil {
-					return agent.Outcome{}, err
-				}
-				return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
-			})
-			return time.Since(t0), err
-		}))
+		added(b, run32(b, rdb, governedCall(gov, spec, up)))
 	})
+}
+
+// governedCall times one governed call of spec whose attempt calls up,
+// as the built-in planner's call would, reporting what the upstream sent.
+func governedCall(gov *agent.Governor, spec agent.Spec, up func() (time.Duration, error)) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		t0 := time.Now()
+		_, err := gov.Call(context.Background(), spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
+			if _, err := up(); err != nil {
+				return agent.Outcome{}, err
+			}
+			return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
+		})
+		return time.Since(t0), err
+	}
 }
 
 // BenchmarkGovernedEndpointThinking is BenchmarkGovernedEndpoint's
