@@ -40,8 +40,8 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				// A handler that stopped because the request was cancelled
 				// did not finish its answer: the reader gets the context's
 				// error, as from a network transport, and not an EOF that
-				// would pass a cut answer for a whole one (the AfterFunc
-				// below may run after this).
+				// would pass a cut answer for a whole one (stop's AfterFunc,
+				// which closes the reader with that error, may run after this).
 				pw.CloseWithError(ctx.Err())
 			default:
 				pw.Close()
