@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"faregate/agent/alert"
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/agent/tools"
-	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/ratelimit"
 )
@@ -194,17 +195,19 @@ func (l *fakeLedger) Entries() []budget.Entry {
 	return slices.Clone(l.entries)
 }
 
-// fakeLimiter is the workflow's Limiter. By default every call is taken,
-// every turn is now, and AfterCall reports the overage.
+// fakeLimiter is the workflow's govern.Limiter. By default every call is taken,
+// every turn is now, and Settle reports the overage (AfterCallFn, when
+// set, answers a Settle).
 type fakeLimiter struct {
 	BeforeCallFn func(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
 	AfterCallFn  func(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error)
 	PaceFn       func(ctx context.Context, scope string, rate, amount int64, maxWait time.Duration, op string) (time.Duration, error)
 
-	mu     sync.Mutex
-	before []ratelimit.CallRequest
-	after  []afterCall
-	paces  []paceCall
+	mu      sync.Mutex
+	before  []ratelimit.CallRequest
+	after   []afterCall
+	settles []ratelimit.SettleRequest
+	paces   []paceCall
 }
 
 // paceCall is one Pace.
@@ -244,7 +247,7 @@ func (l *fakeLimiter) AfterOf(scope string) []afterCall {
 	return out
 }
 
-// afterCall is one AfterCall.
+// afterCall is one Settle, as the bucket sees it.
 type afterCall struct {
 	Scope                 string
 	TPM, Reserved, Actual int64
@@ -261,14 +264,15 @@ func (l *fakeLimiter) BeforeCall(ctx context.Context, r ratelimit.CallRequest) (
 	return ratelimit.CallDecision{Taken: true}, nil
 }
 
-func (l *fakeLimiter) AfterCall(ctx context.Context, scope string, tpm, reserved, actual int64, op string) (int64, error) {
+func (l *fakeLimiter) Settle(ctx context.Context, r ratelimit.SettleRequest) (int64, error) {
 	l.mu.Lock()
-	l.after = append(l.after, afterCall{scope, tpm, reserved, actual, op})
+	l.after = append(l.after, afterCall{r.Scope, r.TokensPerMinute, r.Reserved, r.Actual, r.Op})
+	l.settles = append(l.settles, r)
 	l.mu.Unlock()
 	if l.AfterCallFn != nil {
-		return l.AfterCallFn(ctx, scope, tpm, reserved, actual, op)
+		return l.AfterCallFn(ctx, r.Scope, r.TokensPerMinute, r.Reserved, r.Actual, r.Op)
 	}
-	return max(actual-reserved, 0), nil
+	return max(r.Actual-r.Reserved, 0), nil
 }
 
 func (l *fakeLimiter) Before() []ratelimit.CallRequest {
@@ -382,7 +386,7 @@ func calls(pairs ...string) chat.Reply {
 // rig is a workflow on fakes.
 type rig struct {
 	cfg    Config
-	models *Models
+	models *govern.Models
 	budget *fakeBudget
 	ledger *fakeLedger
 	tools  []tools.Tool
@@ -430,7 +434,7 @@ func (l *alertLog) All() []alert.Alert {
 func newRig(m chat.Model, ts ...tools.Tool) *rig {
 	return &rig{
 		cfg:    Config{MaxSteps: 6, MaxToolCalls: 12, Timeout: 90 * time.Second, MaxTokens: 1024, LoopThreshold: 0.8},
-		models: &Models{Primary: Model{Model: m, Name: "primary"}},
+		models: &govern.Models{Primary: govern.Model{Model: m, Name: "primary"}},
 		budget: newBudget(1_000_000),
 		ledger: &fakeLedger{},
 		tools:  ts,

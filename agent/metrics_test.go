@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/protect/breaker"
 )
@@ -33,7 +34,7 @@ func TestModelMetrics(t *testing.T) {
 		rep.Usage = chat.Usage{PromptTokens: 300, CompletionTokens: 40, Reported: true}
 		return rep, nil
 	}}
-	r.models.Fallback = &Model{Model: streamed, Name: "cheap"}
+	r.models.Fallback = &govern.Model{Model: streamed, Name: "cheap"}
 	r.models.Breaker = breaker.New(breaker.Settings{}, nil, nil)
 	reg := prometheus.NewRegistry()
 	d := r.deps()

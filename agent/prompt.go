@@ -28,7 +28,7 @@ var languageNames = map[string]string{
 
 // userPrompt is the first user message of a run: the request in words,
 // and the language the plan is to be written in. The visitor's text is
-// given in NFKC, as the contract says the model sees it: the api stores it
+// given in NFKC, as the manual says the model sees it: the api stores it
 // so already, and a record written otherwise must not show the model a
 // spelling the plan cache would not key (plancache.CheckRequest refuses
 // it).

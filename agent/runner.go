@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,15 +11,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/protect/codes"
-	"faregate/protect/pause"
-	"faregate/protect/promreg"
-	"faregate/protect/tracing"
+	"faregate/protect/kit/pause"
+	"faregate/protect/kit/promreg"
+	"faregate/protect/kit/randhex"
+	"faregate/protect/kit/tracing"
 )
 
 // ErrShuttingDown: the runner no longer accepts tasks.
@@ -40,9 +39,6 @@ type RunnerOptions struct {
 	Lease time.Duration
 	// Timeout is a run's wall clock (the workflow's own bound).
 	Timeout time.Duration
-	// Queue is the client of the workers' blocking XREADGROUP: a pool of its
-	// own (Concurrency+2 connections), so waiting workers hold nobody up.
-	Queue redis.UniversalClient
 	// Consumer names this replica in the consumer group; default: host, pid
 	// and random bits, new at every start.
 	Consumer string
@@ -103,7 +99,10 @@ type holding struct {
 	renewed time.Time // last successful renewal (or the take)
 }
 
-// NewRunner returns a runner; Start begins taking tasks.
+// NewRunner returns a runner; Start begins taking tasks. The workers wait
+// for the next task on store's waits pool (taskstore.Store.WithWaits): give
+// it a pool of its own of Concurrency+2 connections, so waiting workers
+// hold nobody up.
 func NewRunner(store *taskstore.Store, wf Executor, o RunnerOptions) *Runner {
 	if o.Concurrency < 1 {
 		o.Concurrency = 1
@@ -119,7 +118,7 @@ func NewRunner(store *taskstore.Store, wf Executor, o RunnerOptions) *Runner {
 	}
 	if o.Consumer == "" {
 		host, _ := os.Hostname()
-		o.Consumer = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), rand.Text()[:8])
+		o.Consumer = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randhex.New(4))
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -139,7 +138,7 @@ func NewRunner(store *taskstore.Store, wf Executor, o RunnerOptions) *Runner {
 			Name: "faregate_tasks_running", Help: "Tasks running now in this process.",
 		})),
 		lost: promreg.Register(o.Registerer, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "faregate_tasks_lost_total", Help: "Tasks this replica failed with worker_lost after their replica's lease lapsed.",
+			Name: "faregate_tasks_lost_total", Help: "Tasks this replica failed with " + codes.WorkerLost + " after their replica's lease lapsed.",
 		})),
 		duration: promreg.Register(o.Registerer, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "faregate_task_duration_seconds", Help: "Run time of tasks run here, by outcome (succeeded, or the failure code).",
@@ -246,7 +245,7 @@ func (r *Runner) take() {
 			ok = true
 		default:
 			var err error
-			e, ok, err = r.store.Next(r.takeCtx, r.o.Queue, r.o.Consumer, r.o.Block)
+			e, ok, err = r.store.Next(r.takeCtx, r.o.Consumer, r.o.Block)
 			if err != nil {
 				<-r.slots
 				if r.takeCtx.Err() != nil {
@@ -463,32 +462,35 @@ func (r *Runner) workerLost(ctx context.Context, l taskstore.Lease, rec task.Rec
 	r.lg.Info("task failed: worker lost", "task", rec.ID, "request_id", rec.RequestID)
 }
 
-// execute runs one taken entry: acquire its lease, then run, finish, ack.
-func (r *Runner) execute(e taskstore.Entry) {
+// acquire takes e's lease and its task for a run. It reports false, with
+// the entry settled and no longer held, when there is nothing to run: the
+// record is gone, Redis is away, or the task started or ended elsewhere.
+func (r *Runner) acquire(e taskstore.Entry) (taskstore.Lease, task.Record, bool) {
 	ctx := r.base
 	l, rec, err := r.store.Acquire(ctx, e, r.o.Consumer)
 	switch {
 	case errors.Is(err, task.ErrNotFound):
 		_ = r.store.Ack(ctx, e.ID)
-		r.unhold(e.ID)
-		return
 	case err != nil:
 		// Redis is away: the entry stays pending, unrenewed, and is claimed
 		// after its lease (by us, if we are the one left).
-		r.unhold(e.ID)
 		r.lg.Warn("task not started: its lease could not be taken", "task", e.Task, "err", err.Error())
-		return
-	}
-	switch rec.Status {
-	case task.StatusQueued:
-	case task.StatusRunning:
+	case rec.Status == task.StatusQueued:
+		return l, rec, true
+	case rec.Status == task.StatusRunning:
 		// Started by a replica that lost it before we got it.
 		r.workerLost(ctx, l, rec)
-		r.unhold(e.ID)
-		return
 	default:
 		_ = r.store.Ack(ctx, e.ID)
-		r.unhold(e.ID)
+	}
+	r.unhold(e.ID)
+	return taskstore.Lease{}, task.Record{}, false
+}
+
+// execute runs one taken entry: acquire its lease, then run, finish, ack.
+func (r *Runner) execute(e taskstore.Entry) {
+	l, rec, ok := r.acquire(e)
+	if !ok {
 		return
 	}
 	defer r.unhold(e.ID)
@@ -523,7 +525,7 @@ func (r *Runner) execute(e taskstore.Entry) {
 		return err
 	}
 	started := time.Now()
-	err = r.wf.Run(runCtx, &rec, progress)
+	err := r.wf.Run(runCtx, &rec, progress)
 	outcome := task.StatusSucceeded
 	if err != nil {
 		code, msg := r.failure(err, runCtx)
@@ -552,7 +554,7 @@ func (r *Runner) execute(e taskstore.Entry) {
 
 // failure turns a run's error into the task's failure code and message.
 func (r *Runner) failure(err error, runCtx context.Context) (code, msg string) {
-	if code, msg, ok := FailureCode(err); ok {
+	if code, msg, ok := task.FailureOf(err); ok {
 		return code, msg
 	}
 	switch {

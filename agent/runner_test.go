@@ -12,9 +12,9 @@ import (
 
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
-	"faregate/protect/clocktest"
 	"faregate/protect/codes"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // execFn is an Executor made of a function.
@@ -37,7 +37,7 @@ const testLease = 3 * time.Second
 func newRunner(t *testing.T, rdb redis.UniversalClient, wf Executor, name string, release func(context.Context, task.Record) error) *Runner {
 	t.Helper()
 	r := NewRunner(taskstore.New(rdb), wf, RunnerOptions{
-		Concurrency: 1, Lease: testLease, Timeout: time.Minute, Queue: rdb, Consumer: name,
+		Concurrency: 1, Lease: testLease, Timeout: time.Minute, Consumer: name,
 		Release: release, Block: 100 * time.Millisecond,
 	})
 	if err := r.Start(context.Background()); err != nil {
@@ -180,7 +180,7 @@ func TestFinalSaveAcrossAnOutage(t *testing.T) {
 	}
 	<-cut
 	// The outage outlasts several save attempts, but not the lease.
-	time.Sleep(testLease / 3) // the outage's length: what the test is about
+	clocktest.Pass(testLease / 3) // the outage's length: what the test is about
 	f.Restore()
 	got := waitStatus(t, taskstore.New(srv.Client(t)), rec.ID, task.StatusSucceeded, 30*time.Second)
 	if got.Result == nil || got.Result.Summary != "ok" {
@@ -270,7 +270,7 @@ func TestShutdownGrace(t *testing.T) {
 // TestCached: a served cached plan is stored final at once, never queued.
 func TestCached(t *testing.T) {
 	be := redistest.Mini(t)
-	r := NewRunner(taskstore.New(be.Client), execFn(succeed), RunnerOptions{Queue: be.Client})
+	r := NewRunner(taskstore.New(be.Client), execFn(succeed), RunnerOptions{})
 	rec, err := r.Cached(context.Background(), task.Record{Task: task.Task{Result: &task.Result{Summary: "cached", Cached: true}}, Principal: "v_a", Day: "2026-12-01"})
 	if err != nil || rec.Status != task.StatusSucceeded {
 		t.Fatalf("%+v %v", rec, err)
@@ -290,7 +290,7 @@ func TestSubmitNotQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := taskstore.New(be.Client)
-	r := NewRunner(store, execFn(succeed), RunnerOptions{Queue: be.Client})
+	r := NewRunner(store, execFn(succeed), RunnerOptions{})
 	if _, err := r.Submit(ctx, task.Record{Task: task.Task{Request: task.Request{Destination: "Lisbon", Days: 1}}, Principal: "v_a", Day: "2026-12-01"}); !errors.Is(err, taskstore.ErrUnavailable) {
 		t.Fatalf("submit: %v, want ErrUnavailable", err)
 	}
@@ -319,7 +319,7 @@ func TestShutdownDoesNotWaitForTheQueueRead(t *testing.T) {
 			r := NewRunner(taskstore.New(be.Client), execFn(func(_ context.Context, rec *task.Record, _ Progress) error {
 				started <- rec.ID
 				return nil
-			}), RunnerOptions{Concurrency: 1, Lease: testLease, Timeout: time.Minute, Queue: be.Client, Consumer: "idle", Block: time.Hour})
+			}), RunnerOptions{Concurrency: 1, Lease: testLease, Timeout: time.Minute, Consumer: "idle", Block: time.Hour})
 			if err := r.Start(context.Background()); err != nil {
 				t.Fatal(err)
 			}

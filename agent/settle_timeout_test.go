@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/protect/budget"
 )
 
@@ -38,9 +39,9 @@ func TestSettleWaitsConfigTimeout(t *testing.T) {
 			d.Budget = b
 			g := NewWorkflow(r.cfg, d).Governor()
 			rec := record(lisbon)
-			spec := Spec{TaskID: rec.ID, Principal: PrincipalOf(rec), Kind: "chat", PromptTokens: 100, Closing: true, MinOutput: 1}
-			_, err := g.Call(context.Background(), spec, func(_ context.Context, a Attempt) (Outcome, error) {
-				return Outcome{Usage: chat.Usage{PromptTokens: 100, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
+			spec := govern.Spec{TaskID: rec.ID, Principal: govern.PrincipalOf(rec), Kind: "chat", PromptTokens: 100, Closing: true, MinOutput: 1}
+			_, err := g.Call(context.Background(), spec, func(_ context.Context, a govern.Attempt) (govern.Outcome, error) {
+				return govern.Outcome{Usage: govern.Usage{Prompt: 100, Completion: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
 			})
 			if err != nil {
 				t.Fatal(err)

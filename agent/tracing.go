@@ -8,9 +8,8 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"faregate/agent/task"
-	"faregate/protect/budget"
+	"faregate/protect/kit/tracing"
 	"faregate/protect/principal"
-	"faregate/protect/tracing"
 )
 
 // Span names of a task's run: stable, since dashboards and the tracing
@@ -77,42 +76,6 @@ func (r *Runner) startRun(ctx context.Context, rec *task.Record) (context.Contex
 			span.SetAttributes(attrCode.String(rec.Error.Code))
 			span.SetStatus(codes.Error, rec.Error.Code)
 		}
-		span.End()
-	}
-}
-
-// modelSpan is the model.call span of one attempt on one model: from the
-// provider call to its settle, which is its child.
-type modelSpan struct{ span oteltrace.Span }
-
-// end records what the attempt used (the provider's report, or the
-// estimate it was settled with) and how it ended.
-func (m modelSpan) end(outcome string, prompt, completion int64, estimated bool, waited int64) {
-	if m.span == nil {
-		return
-	}
-	m.span.SetAttributes(attrGenAIInput.Int64(prompt), attrGenAIOutput.Int64(completion),
-		attrEstimated.Bool(estimated), attrOutcome.String(outcome), attrWaitedMS.Int64(waited))
-	if outcome == "error" {
-		m.span.SetStatus(codes.Error, outcome)
-	}
-	m.span.End()
-}
-
-// startSettle starts the budget.settle span of reservation res; end
-// records what the settle charged, or that it failed.
-func (g *Governor) startSettle(ctx context.Context, res budget.Reservation) (context.Context, func(budget.Settlement, error)) {
-	if g.d.Tracer == nil {
-		return ctx, func(budget.Settlement, error) {}
-	}
-	ctx, span := g.d.Tracer.Start(ctx, spanSettle, oteltrace.WithAttributes(attrGenAIModel.String(res.Model), attrReserved.Int64(res.Tokens)))
-	return ctx, func(s budget.Settlement, err error) {
-		if err != nil {
-			// The budget's error names Redis at most; the code says enough.
-			span.SetStatus(codes.Error, "settle failed")
-		}
-		span.SetAttributes(attrCharged.Int64(s.Tokens), attrCostMicro.Int64(s.CostMicro),
-			attrOverTokens.Int64(s.OverageTokens), attrOverCostMicro.Int64(s.OverageCostMicro), attrLate.Bool(s.Late))
 		span.End()
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/protect/breaker"
 )
@@ -109,7 +110,7 @@ func TestTracingFallbackSpans(t *testing.T) {
 	}}
 	cheap := &fakeModel{GenerateFn: func(context.Context, int, chat.Turn) (chat.Reply, error) { return plan(2), nil }}
 	r := newRig(primary)
-	r.models.Fallback = &Model{Model: cheap, Name: "cheap"}
+	r.models.Fallback = &govern.Model{Model: cheap, Name: "cheap"}
 	r.models.Breaker = breaker.New(breaker.Settings{OpenFor: time.Hour}, nil, nil)
 	parent, spans := tracedRun(t, r)
 

@@ -19,15 +19,13 @@ import (
 
 	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"faregate/agent/alert"
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/agent/tools"
-	"faregate/protect/alert"
-	"faregate/protect/budget"
 	"faregate/protect/codes"
-	"faregate/protect/pause"
-	"faregate/protect/ratelimit"
-	"faregate/protect/tracing"
+	"faregate/protect/kit/tracing"
 )
 
 // Config bounds a run. Each bound ends the run cleanly: the model is asked
@@ -68,60 +66,23 @@ type Config struct {
 	SettleTimeout time.Duration
 }
 
-// DefaultSettleTimeout is Config.SettleTimeout's default.
-const DefaultSettleTimeout = 5 * time.Second
-
-// DefaultTokenWait is Config.TokenWait's default: long enough to ride out
-// a burst, short enough that a visitor is told rather than left waiting.
-const DefaultTokenWait = 20 * time.Second
-
-// DefaultSitePaceWait is Config.SitePaceWait's default.
-const DefaultSitePaceWait = 30 * time.Second
-
-// Budget reserves tokens and money before a model call and settles after
-// it (*budget.Budget).
-type Budget interface {
-	Reserve(ctx context.Context, req budget.Request) (budget.Reservation, error)
-	// SettleCall settles and, with call.Ledger set, writes the call's
-	// ledger entry in the same idempotent script.
-	SettleCall(ctx context.Context, r budget.Reservation, call budget.Call) (budget.Settlement, error)
-	// Charged is what SettleCall charges: the provider's report, or the
-	// conservative charge of one it cannot believe.
-	Charged(r budget.Reservation, call budget.Call) (prompt, completion int64, implausible bool)
-}
-
-// Ledger counts the entry of each model call that reached a model
-// (*budget.Ledger); with a Ledger set, the settle writes the entry.
-type Ledger interface {
-	Count(e budget.Entry)
-}
-
-// Limiter is the part of the rate limiter (*ratelimit.Limiter) a model
-// call needs: the principal's input spike check and tokens-per-minute
-// bucket before the call, the site bucket's turn right before the provider
-// is called, and both buckets' settlement after it.
-type Limiter interface {
-	BeforeCall(ctx context.Context, r ratelimit.CallRequest) (ratelimit.CallDecision, error)
-	AfterCall(ctx context.Context, scope string, tokensPerMinute, reserved, actual int64, op string) (overage int64, err error)
-	Pace(ctx context.Context, scope string, ratePerMin, amount int64, maxWait time.Duration, op string) (wait time.Duration, err error)
-}
-
 // Toolbox builds the tools of one task. warn receives warnings raised below
 // the tools (the outbound transport's downstream pushback).
 type Toolbox func(rec *task.Record, warn func(code, detail string)) []tools.Tool
 
-// Deps are what a Workflow works with. Models, Budget and Tools are
-// required; the rest may be left zero.
+// Deps are what a Workflow works with. Models and Tools are required, and
+// Budget for Run (a workflow asked only for MinRunTokens needs none); the
+// rest may be left zero.
 type Deps struct {
-	Models *Models
-	Budget Budget
+	Models *govern.Models
+	Budget govern.Budget
 	// Ledger, when set, records every model call that reached a model.
-	Ledger Ledger
+	Ledger govern.Ledger
 	Tools  Toolbox
 	// Limiter, when set, checks every model call for an input spike,
 	// takes its tokens from the principal's bucket and, with
 	// Config.SiteTokensPerMinute, paces it through the site's.
-	Limiter Limiter
+	Limiter govern.Limiter
 	// Sleep waits d or until ctx ends (then it returns ctx.Err()): the
 	// waits for the token buckets. Default: a timer.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -157,41 +118,42 @@ type Deps struct {
 type Workflow struct {
 	cfg     Config
 	d       Deps // defaults applied
-	metrics *modelMetrics
-	// gov makes every model call of a run (govern.go).
-	gov *Governor
+	metrics *runMetrics
+	// gov makes every model call of a run (agent/govern).
+	gov *govern.Governor
 }
 
-// NewWorkflow assembles a workflow from cfg and d, defaults applied.
+// NewWorkflow assembles a workflow from cfg and d, defaults applied, with
+// a Governor of its own (agent/govern) for its model calls.
 func NewWorkflow(cfg Config, d Deps) *Workflow {
-	w := &Workflow{cfg: cfg, d: d, metrics: newModelMetrics(d.Registerer)}
+	w := &Workflow{cfg: cfg, d: d, metrics: newRunMetrics(d.Registerer)}
 	if w.d.Logger == nil {
 		w.d.Logger = slog.New(slog.DiscardHandler)
-	}
-	if w.cfg.TokenWait <= 0 {
-		w.cfg.TokenWait = DefaultTokenWait
-	}
-	if w.cfg.SitePaceWait <= 0 {
-		w.cfg.SitePaceWait = DefaultSitePaceWait
-	}
-	w.cfg.SitePaceWait = min(w.cfg.SitePaceWait, ratelimit.MaxPaceWait)
-	if w.cfg.SettleTimeout <= 0 {
-		w.cfg.SettleTimeout = DefaultSettleTimeout
-	}
-	if w.d.Sleep == nil {
-		w.d.Sleep = pause.For
 	}
 	if w.d.Estimate == nil {
 		w.d.Estimate = func(_ string, msgs []chat.Message, tools []chat.ToolDef) int64 {
 			return chat.EstimatePrompt(msgs, tools)
 		}
 	}
-	w.gov = &Governor{cfg: w.cfg, d: w.d, metrics: w.metrics}
+	if d.Budget == nil {
+		// A workflow asked only for its minimal run (MinRunTokens) makes
+		// no model call: it needs no Governor.
+		return w
+	}
+	w.gov = govern.New(govern.Config{MaxTokens: cfg.MaxTokens, TokenWait: cfg.TokenWait,
+		SiteTokensPerMinute: cfg.SiteTokensPerMinute, SitePaceWait: cfg.SitePaceWait, SettleTimeout: cfg.SettleTimeout},
+		govern.Deps{Models: d.Models, Budget: d.Budget, Ledger: d.Ledger, Limiter: d.Limiter, Sleep: d.Sleep,
+			Alert: d.Alert, Logger: w.d.Logger, Tracer: d.Tracer, Registerer: d.Registerer})
 	return w
 }
 
+// Governor is the workflow's Governor, for other callers of governed
+// model calls (the model endpoint of an operator's own agent): one
+// Governor per process, sharing its metrics.
+func (w *Workflow) Governor() *govern.Governor { return w.gov }
+
 // Models returns the workflow's model router (for health and config).
-func (w *Workflow) Models() *Models { return w.d.Models }
+func (w *Workflow) Models() *govern.Models { return w.d.Models }
 
 // MinRunTokens is what one minimal run must be able to afford: the
 // reservation of a first model call for the largest valid request, on the
@@ -216,27 +178,6 @@ func initialMessages(r task.Request) []chat.Message {
 // and the events to publish with it.
 type Progress func(rec *task.Record, events ...task.Event) error
 
-// failure is a run's terminal error with its task code and a sentence
-// for the visitor.
-type failure struct {
-	code string
-	msg  string
-}
-
-func (f *failure) Error() string { return f.code + ": " + f.msg }
-
-// FailureCode reads the task code and the visitor's message of an error
-// Run returned: agent_failed, model_unavailable, input_spike or
-// token_rate_limited. ok is false for any other error (a context's end, a
-// bug), which the caller maps itself.
-func FailureCode(err error) (code, msg string, ok bool) {
-	var f *failure
-	if !errors.As(err, &f) {
-		return "", "", false
-	}
-	return f.code, f.msg, true
-}
-
 // run is the state of one task's run.
 type run struct {
 	w        *Workflow
@@ -256,7 +197,7 @@ type run struct {
 	// bound); the run goes to its closing call.
 	withdrawn bool
 	lowPrec   bool
-	lastModel Model
+	lastModel govern.Model
 }
 
 // memo is a tool call remembered by name and canonical arguments.
@@ -317,7 +258,7 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 		offer := !r.noTools
 		reply, err := r.call(loopCtx, offer, "plan")
 		if err != nil {
-			if errors.Is(err, errBudgetRefused) {
+			if errors.Is(err, govern.ErrBudgetRefused) {
 				break
 			}
 			if loopCtx.Err() != nil && ctx.Err() == nil {
@@ -336,8 +277,8 @@ func (w *Workflow) Run(ctx context.Context, rec *task.Record, progress Progress)
 	r.msgs = append(r.msgs, chat.Text(chat.RoleUser, closingPrompt))
 	reply, err := r.call(ctx, false, "answer")
 	if err != nil {
-		if errors.Is(err, errBudgetRefused) {
-			return &failure{codes.AgentFailed, "the token budget ran out before an answer could be written"}
+		if errors.Is(err, govern.ErrBudgetRefused) {
+			return task.Fail(codes.AgentFailed, "the token budget ran out before an answer could be written")
 		}
 		return err
 	}
@@ -361,14 +302,14 @@ func (r *run) finish(ctx context.Context, text string) error {
 			chat.Text(chat.RoleUser, repairPrompt(err.Error())))
 		reply, cerr := r.call(ctx, false, "repair")
 		if cerr != nil {
-			if errors.Is(cerr, errBudgetRefused) {
-				return &failure{codes.AgentFailed, "the token budget ran out before a valid answer was written"}
+			if errors.Is(cerr, govern.ErrBudgetRefused) {
+				return task.Fail(codes.AgentFailed, "the token budget ran out before a valid answer was written")
 			}
 			return cerr
 		}
 		summary, days, err = parseAnswer(reply.Content, r.rec.Request.Days)
 		if err != nil {
-			return &failure{codes.AgentFailed, "the model did not produce a valid itinerary: " + err.Error()}
+			return task.Fail(codes.AgentFailed, "the model did not produce a valid itinerary: "+err.Error())
 		}
 	}
 	r.mu.Lock()

@@ -3,13 +3,14 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"faregate/agent/govern"
 	"math"
 	"strings"
 	"testing"
 
+	"faregate/agent/alert"
 	"faregate/agent/chat"
 	"faregate/agent/task"
-	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/codes"
 )
@@ -174,7 +175,7 @@ func TestBudgetExhaustedAlert(t *testing.T) {
 				return budget.Reservation{}, ex
 			}
 			_, err := r.run(t, lisbon)
-			if code, _, _ := FailureCode(err); code != codes.AgentFailed || len(m.Turns()) != 0 {
+			if code, _, _ := task.FailureOf(err); code != codes.AgentFailed || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
 			got := r.alerts.Of(alert.BudgetExhausted)
@@ -209,14 +210,14 @@ func TestExhaustedAlertForms(t *testing.T) {
 		{budget.ScopeSite, "site"},
 	} {
 		ex := &budget.ExhaustedError{Scope: tc.scope, First: true, Remaining: 7}
-		a := ExhaustedAlert(ex, visitor, "public", "t_1", "new tasks")
+		a := govern.ExhaustedAlert(ex, visitor, "public", "t_1", "new tasks")
 		if a.Event != alert.BudgetExhausted || a.Scope != tc.want || a.Severity != alert.Critical ||
 			a.Text != tc.want+" has exhausted its daily budget: new tasks are refused until midnight UTC" ||
 			a.Details["remaining"] != int64(7) || a.Details["unit"] != "tokens" {
 			t.Errorf("%s: %+v", tc.scope, a)
 		}
 	}
-	if a := ExhaustedAlert(&budget.ExhaustedError{Scope: budget.ScopePrincipal}, "k_acme", "", "", "model calls"); a.Scope != "principal:k:acme" {
+	if a := govern.ExhaustedAlert(&budget.ExhaustedError{Scope: budget.ScopePrincipal}, "k_acme", "", "", "model calls"); a.Scope != "principal:k:acme" {
 		t.Errorf("key scope %q", a.Scope)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
@@ -68,9 +69,9 @@ func TestMoneyFollowsTheModel(t *testing.T) {
 	}}
 	cheap := answers(chat.Usage{PromptTokens: 300, CompletionTokens: 50, Reported: true})
 	r := newRig(primary)
-	r.models.Fallback = &Model{Model: cheap, Name: "cheap"}
-	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
-	_ = r.models.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
+	r.models.Fallback = &govern.Model{Model: cheap, Name: "cheap"}
+	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+	_ = r.models.Breaker.Do(context.Background(), "v_test", func(context.Context, *breaker.Call) error { return errors.New("down") })
 	if r.models.Breaker.State() != breaker.Open {
 		t.Fatal("the breaker did not open")
 	}
@@ -112,10 +113,10 @@ func TestMoneyFollowsTheModel(t *testing.T) {
 func TestBreakerOpenWithoutFallbackGivesBack(t *testing.T) {
 	m := answers(chat.Usage{})
 	r := newRig(m)
-	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
-	_ = r.models.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
+	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+	_ = r.models.Breaker.Do(context.Background(), "v_test", func(context.Context, *breaker.Call) error { return errors.New("down") })
 	_, err := r.run(t, lisbon)
-	if code, _, ok := FailureCode(err); !ok || code != codes.ModelUnavailable {
+	if code, _, ok := task.FailureOf(err); !ok || code != codes.ModelUnavailable {
 		t.Fatalf("err %v", err)
 	}
 	st := r.budget.Settled()
@@ -167,7 +168,7 @@ func TestNoLedgerEntryForRefusals(t *testing.T) {
 	r := newRig(m)
 	r.budget.Left = 10
 	rec, err := r.run(t, lisbon)
-	if code, _, ok := FailureCode(err); !ok || code != codes.AgentFailed {
+	if code, _, ok := task.FailureOf(err); !ok || code != codes.AgentFailed {
 		t.Fatalf("err %v", err)
 	}
 	if len(m.Turns()) != 0 || len(r.ledger.Entries()) != 0 || rec.Usage != (task.Usage{}) {
@@ -224,11 +225,11 @@ func TestClosingCallFitsTokenScopesOnly(t *testing.T) {
 
 // TestFailureCode reads a run error's code; other errors are not failures.
 func TestFailureCode(t *testing.T) {
-	err := fmtWrap(&failure{codes.InputSpike, "spike"})
-	if code, msg, ok := FailureCode(err); !ok || code != codes.InputSpike || msg != "spike" {
+	err := fmtWrap(task.Fail(codes.InputSpike, "spike"))
+	if code, msg, ok := task.FailureOf(err); !ok || code != codes.InputSpike || msg != "spike" {
 		t.Fatalf("FailureCode = %q, %q, %v", code, msg, ok)
 	}
-	if _, _, ok := FailureCode(context.DeadlineExceeded); ok {
+	if _, _, ok := task.FailureOf(context.DeadlineExceeded); ok {
 		t.Fatal("a context's end read as a failure")
 	}
 }
@@ -237,13 +238,13 @@ func fmtWrap(err error) error { return errors.Join(errors.New("run"), err) }
 
 // TestModelsNext is the model Do tries first.
 func TestModelsNext(t *testing.T) {
-	ms := &Models{Primary: Model{Name: "primary"}}
+	ms := &govern.Models{Primary: govern.Model{Name: "primary"}}
 	if ms.Next(true).Name != "primary" {
 		t.Fatal("low precision without a fallback must use the primary")
 	}
-	ms.Fallback = &Model{Name: "cheap"}
-	ms.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
-	_ = ms.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
+	ms.Fallback = &govern.Model{Name: "cheap"}
+	ms.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+	_ = ms.Breaker.Do(context.Background(), "v_test", func(context.Context, *breaker.Call) error { return errors.New("down") })
 	if ms.Next(false).Name != "primary" || ms.Next(true).Name != "cheap" {
 		t.Fatalf("Next: %q, %q", ms.Next(false).Name, ms.Next(true).Name)
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
+	"faregate/agent/task"
 	"faregate/protect/codes"
 	"faregate/protect/repetition"
 )
@@ -25,41 +27,50 @@ func (r *run) call(ctx context.Context, offerTools bool, label string) (chat.Rep
 		defs = r.defs
 	}
 	st := r.startStep("model", label, "")
-	spec := Spec{TaskID: r.rec.ID, RequestID: r.rec.RequestID, Principal: PrincipalOf(r.rec), Kind: "chat",
+	spec := govern.Spec{TaskID: r.rec.ID, RequestID: r.rec.RequestID, Principal: govern.PrincipalOf(r.rec), Kind: "chat",
 		Closing: !offerTools, LowPrecision: r.lowPrec, Label: label, Logger: r.lg,
 		Estimate: func(model string) int64 { return r.w.d.Estimate(model, r.msgs, defs) }}
-	out, err := r.w.gov.Call(ctx, spec, func(ctx context.Context, a Attempt) (Outcome, error) {
-		return r.attempt(ctx, a, defs)
+	// The attempt that answered leaves its reply here (a failed primary's
+	// never reaches the run: the fallback's replaces it).
+	var reply chat.Reply
+	out, err := r.w.gov.Call(ctx, spec, func(ctx context.Context, a govern.Attempt) (govern.Outcome, error) {
+		return r.attempt(ctx, a, defs, &reply)
 	})
-	r.rec.Usage.PromptTokens += out.Charged.PromptTokens
-	r.rec.Usage.CompletionTokens += out.Charged.CompletionTokens
-	if cut := out.cut(); cut != "" && err == nil {
+	r.rec.Usage.PromptTokens += out.Charged.Prompt
+	r.rec.Usage.CompletionTokens += out.Charged.Completion
+	if cut := out.CutBy(); cut != "" && err == nil {
 		r.warn(cut)
+	}
+	if out.Throttled {
+		r.warn(codes.Throttled)
+	}
+	if out.Downgraded {
+		r.warn(codes.Downgraded)
 	}
 	if err != nil {
 		detail := "model call failed"
-		var f *failure
+		var f *task.Failure
 		switch {
-		case errors.Is(err, errBudgetRefused):
+		case errors.Is(err, govern.ErrBudgetRefused):
 			detail = "token budget exhausted"
 			r.warn(codes.BudgetExhausted)
 		case errors.As(err, &f):
-			detail = f.msg
+			detail = f.Message
 		case ctx.Err() != nil:
 			detail = "stopped: time limit"
 		}
 		r.endStep(st, "failed", detail)
-		if errors.Is(err, errBudgetRefused) || ctx.Err() != nil || f != nil {
+		if errors.Is(err, govern.ErrBudgetRefused) || ctx.Err() != nil || f != nil {
 			return chat.Reply{}, err
 		}
 		r.lg.Warn("model call failed", "model", out.Model.Name, "err", err)
-		return chat.Reply{}, &failure{codes.ModelUnavailable, "the model provider did not answer; please try again later"}
+		return chat.Reply{}, task.Fail(codes.ModelUnavailable, "the model provider did not answer; please try again later")
 	}
-	if out.FellBack && !r.lowPrec {
+	if out.FellBack && !r.lowPrec && !out.Downgraded {
+		// A downgraded call went to the fallback by design; its warning says so.
 		r.warn(codes.FallbackModel)
 	}
 	r.lastModel = out.Model
-	reply := out.Reply
 	detail := out.Model.Name
 	if out.Waited > 0 {
 		detail += fmt.Sprintf(" (waited %v for tokens)", out.Waited.Round(time.Millisecond))
@@ -114,7 +125,7 @@ func (c *outputCap) take(piece string, keep bool) bool {
 // attempt is the planner's attempt on a.Model: one streamed Generate,
 // held to a.MaxOutput by an outputCap and stopped by the repetition
 // detector; the Governor settles what it reports.
-func (r *run) attempt(ctx context.Context, a Attempt, defs []chat.ToolDef) (Outcome, error) {
+func (r *run) attempt(ctx context.Context, a govern.Attempt, defs []chat.ToolDef, kept *chat.Reply) (govern.Outcome, error) {
 	mdl := a.Model
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -131,6 +142,7 @@ func (r *run) attempt(ctx context.Context, a Attempt, defs []chat.ToolDef) (Outc
 	stream := func(ch chat.Chunk) error {
 		if !first && (ch.Text != "" || ch.ToolCall != "" || ch.Reasoning != "") {
 			first = true
+			a.FirstEvent()
 			r.w.metrics.ttft.WithLabelValues(mdl.Name).Observe(time.Since(start).Seconds())
 		}
 		// Reasoning is output like any other: counted, cut, not kept.
@@ -155,11 +167,24 @@ func (r *run) attempt(ctx context.Context, a Attempt, defs []chat.ToolDef) (Outc
 	}
 	turn := chat.Turn{Messages: r.msgs, Tools: defs, MaxTokens: int(a.MaxOutput), Stream: stream, Request: &r.rec.Request}
 	reply, err := mdl.Generate(callCtx, turn)
-	o := Outcome{Usage: reply.Usage, Counted: out.count.Tokens(), Cut: cut, FirstToken: first, Reply: reply}
+	counted := out.count.Tokens()
+	if counted == 0 {
+		// An answer that came whole, not streamed: counted as it is.
+		counted = chat.EstimateTokens(reply.Content) + chat.EstimateToolCalls(reply.ToolCalls)
+	}
+	o := govern.Outcome{Usage: usageOf(reply.Usage), Counted: counted, Cut: cut, FirstToken: first}
+	*kept = reply
 	if cut != "" {
 		// Keep the partial text; the stream was ours to stop.
-		o.Reply = chat.Reply{Content: out.text.String(), StopReason: cut}
+		*kept = chat.Reply{Content: out.text.String(), StopReason: cut}
 		return o, nil
 	}
 	return o, err
+}
+
+// usageOf is a model adapter's usage report as the governor reads it.
+func usageOf(u chat.Usage) govern.Usage {
+	return govern.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Reported: u.Reported,
+		Unreadable: u.Unreadable, Raw: u.Raw, Reasoning: u.ReasoningTokens,
+		CacheCreation: u.CacheCreationTokens, CacheRead: u.CacheReadTokens}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"faregate/agent/govern"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,14 +11,14 @@ import (
 	"testing/synctest"
 	"time"
 
+	"faregate/agent/alert"
 	"faregate/agent/chat"
 	"faregate/agent/task"
-	"faregate/protect/alert"
 	"faregate/protect/codes"
 	"faregate/protect/ratelimit"
 )
 
-var _ Limiter = (*ratelimit.Limiter)(nil)
+var _ govern.Limiter = (*ratelimit.Limiter)(nil)
 
 // searching is a model that asks for a new guide search at every step
 // while tools are offered, and answers when they are not.
@@ -52,7 +53,7 @@ func TestInputSpike(t *testing.T) {
 		events = append(events, evs...)
 		return nil
 	})
-	code, msg, ok := FailureCode(err)
+	code, msg, ok := task.FailureOf(err)
 	if !ok || code != codes.InputSpike || !strings.Contains(msg, "not made") {
 		t.Fatalf("err %v", err)
 	}
@@ -167,7 +168,7 @@ func TestBucketWaitBound(t *testing.T) {
 	r.limiter = &fakeLimiter{BeforeCallFn: shortThen(15*time.Second, 10*time.Second)}
 	r.sleeps = &sleepLog{}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited {
+	if code, _, _ := task.FailureOf(err); code != codes.TokenRateLimited {
 		t.Fatalf("err %v", err)
 	}
 	if w := r.sleeps.Waits(); !slices.Equal(w, []time.Duration{15 * time.Second}) {
@@ -181,13 +182,13 @@ func TestBucketWaitBound(t *testing.T) {
 	}
 }
 
-// TestDefaultTokenWait: with no bound configured, DefaultTokenWait holds.
+// TestDefaultTokenWait: with no bound configured, govern.DefaultTokenWait holds.
 func TestDefaultTokenWait(t *testing.T) {
 	r := newRig(answers(chat.Usage{}))
-	r.limiter = &fakeLimiter{BeforeCallFn: shortThen(DefaultTokenWait, time.Millisecond)}
+	r.limiter = &fakeLimiter{BeforeCallFn: shortThen(govern.DefaultTokenWait, time.Millisecond)}
 	r.sleeps = &sleepLog{}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited || len(r.sleeps.Waits()) != 1 {
+	if code, _, _ := task.FailureOf(err); code != codes.TokenRateLimited || len(r.sleeps.Waits()) != 1 {
 		t.Fatalf("err %v after waits %v", err, r.sleeps.Waits())
 	}
 }
@@ -275,7 +276,7 @@ func TestLimiterFailures(t *testing.T) {
 				return ratelimit.CallDecision{}, tc.err
 			}}
 			_, err := r.run(t, lisbon)
-			code, msg, _ := FailureCode(err)
+			code, msg, _ := task.FailureOf(err)
 			if code != tc.code || len(m.Turns()) != 0 || r.budget.Open() != 0 || len(r.budget.Withdrawn()) != len(r.budget.Reserved()) {
 				t.Fatalf("err %v after %d calls and %d reservations open", err, len(m.Turns()), r.budget.Open())
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
@@ -85,7 +86,7 @@ func TestSitePacing(t *testing.T) {
 	prompt := chat.EstimatePrompt(m.Turns()[0].Messages, nil)
 	p := r.limiter.Paces()
 	if len(p) != 1 || p[0].Scope != ratelimit.SiteScope || p[0].Rate != 30000 || p[0].Amount != prompt+1024 ||
-		p[0].MaxWait != DefaultSitePaceWait || p[0].Op == "" {
+		p[0].MaxWait != govern.DefaultSitePaceWait || p[0].Op == "" {
 		t.Fatalf("Pace %+v", p)
 	}
 	if a := r.limiter.AfterOf(ratelimit.SiteScope); len(a) != 1 || a[0].Op != p[0].Op || a[0].Reserved != prompt+1024 || a[0].Actual != 340 || a[0].TPM != 30000 {
@@ -106,7 +107,7 @@ func TestSitePacingOutsideTheBreaker(t *testing.T) {
 		r.limiter.PaceFn = func(context.Context, string, int64, int64, time.Duration, string) (time.Duration, error) {
 			return 25 * time.Second, nil
 		}
-		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, SlowCall: 5 * time.Second, SlowRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, SlowCall: 5 * time.Second, SlowRatio: 0.5, OpenFor: time.Hour}, nil, nil)
 		start := time.Now()
 		if _, err := r.run(t, lisbon); err != nil {
 			t.Fatal(err)
@@ -131,7 +132,7 @@ func TestSitePacingTooLong(t *testing.T) {
 		return 0, &ratelimit.WaitTooLongError{Wait: 45 * time.Second, MaxWait: maxWait, After: 35 * time.Second}
 	}
 	_, err := r.run(t, lisbon)
-	if code, _, _ := FailureCode(err); code != codes.TokenRateLimited {
+	if code, _, _ := task.FailureOf(err); code != codes.TokenRateLimited {
 		t.Fatalf("err %v", err)
 	}
 	if p := r.limiter.Paces(); len(p) != 1 || p[0].MaxWait != 10*time.Second {
@@ -171,7 +172,7 @@ func TestSitePacingFailures(t *testing.T) {
 				return 0, tc.err
 			}
 			_, err := r.run(t, lisbon)
-			if code, _, _ := FailureCode(err); code != tc.code || len(m.Turns()) != 0 {
+			if code, _, _ := task.FailureOf(err); code != tc.code || len(m.Turns()) != 0 {
 				t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 			}
 			if r.budget.Left != 1_000_000 || len(r.limiter.AfterOf(principal.FromAccount(visitor).Scope())) != 1 {
@@ -213,8 +214,8 @@ func TestSitePacingEndsWithTheRun(t *testing.T) {
 // the unused one.
 func TestSitePacingAndFallback(t *testing.T) {
 	failing := func(context.Context, int, chat.Turn) (chat.Reply, error) { return chat.Reply{}, errors.New("503") }
-	cheap := func() *Model {
-		return &Model{Model: answers(chat.Usage{PromptTokens: 300, CompletionTokens: 50, Reported: true}), Name: "cheap"}
+	cheap := func() *govern.Model {
+		return &govern.Model{Model: answers(chat.Usage{PromptTokens: 300, CompletionTokens: 50, Reported: true}), Name: "cheap"}
 	}
 	t.Run("failed primary", func(t *testing.T) {
 		r := pacedRig(&fakeModel{GenerateFn: failing})
@@ -240,8 +241,8 @@ func TestSitePacingAndFallback(t *testing.T) {
 		primary := answers(chat.Usage{})
 		r := pacedRig(primary)
 		r.models.Fallback = cheap()
-		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
-		_ = r.models.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
+		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+		_ = r.models.Breaker.Do(context.Background(), "v_test", func(context.Context, *breaker.Call) error { return errors.New("down") })
 		if _, err := r.run(t, lisbon); err != nil {
 			t.Fatal(err)
 		}
@@ -268,24 +269,5 @@ func TestSitePacingOff(t *testing.T) {
 	r.cfg.SiteTokensPerMinute = 30000
 	if _, err := r.run(t, lisbon); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestSitePaceWaitBounds: the bound defaults, and is held to what the
-// limiter accepts.
-func TestSitePaceWaitBounds(t *testing.T) {
-	for _, tc := range []struct{ in, want time.Duration }{
-		{0, DefaultSitePaceWait},
-		{5 * time.Second, 5 * time.Second},
-		{48 * time.Hour, ratelimit.MaxPaceWait},
-	} {
-		r := newRig(answers(chat.Usage{}))
-		r.cfg.SitePaceWait = tc.in
-		if got := r.workflow().cfg.SitePaceWait; got != tc.want {
-			t.Errorf("SitePaceWait %v became %v, want %v", tc.in, got, tc.want)
-		}
-	}
-	if got := newRig(answers(chat.Usage{})).workflow().cfg.TokenWait; got != DefaultTokenWait {
-		t.Errorf("TokenWait defaulted to %v, want %v", got, DefaultTokenWait)
 	}
 }

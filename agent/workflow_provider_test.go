@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"faregate/agent/alert"
 	"faregate/agent/chat"
 	"faregate/agent/task"
-	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/codes"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestHostileUsageChargedConservatively runs the workflow on the real
@@ -57,7 +57,7 @@ func TestHostileUsageChargedConservatively(t *testing.T) {
 			if rec.Usage.PromptTokens <= 0 || rec.Usage.CompletionTokens <= 0 || u.Site.Settled != charged || u.Site.Outstanding != 0 {
 				t.Fatalf("task usage %+v, site %+v: want the reservation charged, the same in both", rec.Usage, u.Site)
 			}
-			msgs, err := rdb.XRange(context.Background(), budget.UsageKey(rec.Day), "-", "+").Result()
+			msgs, err := rdb.XRange(context.Background(), budget.StreamOf(rec.Day, rec.Principal), "-", "+").Result()
 			if err != nil || len(msgs) != 1 {
 				t.Fatalf("ledger %d entries, %v", len(msgs), err)
 			}

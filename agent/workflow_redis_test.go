@@ -6,15 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"faregate/agent/alert"
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
-	"faregate/protect/alert"
 	"faregate/protect/breaker"
 	"faregate/protect/budget"
 	"faregate/protect/codes"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/principal"
 	"faregate/protect/ratelimit"
-	"faregate/protect/redistest"
 )
 
 // TestOnRealScripts runs the workflow on the real budget, ledger and rate
@@ -35,9 +36,9 @@ func TestOnRealScripts(t *testing.T) {
 
 		primary := answers(chat.Usage{})
 		r := newRig(primary)
-		r.models.Fallback = &Model{Model: answers(chat.Usage{PromptTokens: 300, CompletionTokens: 50, Reported: true}), Name: "cheap"}
-		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
-		_ = r.models.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
+		r.models.Fallback = &govern.Model{Model: answers(chat.Usage{PromptTokens: 300, CompletionTokens: 50, Reported: true}), Name: "cheap"}
+		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+		_ = r.models.Breaker.Do(context.Background(), "v_test", func(context.Context, *breaker.Call) error { return errors.New("down") })
 		d := r.deps()
 		d.Budget, d.Ledger, d.Limiter = bud, ledger, lim
 		rec := record(lisbon)
@@ -86,7 +87,7 @@ func TestOnRealScripts(t *testing.T) {
 			return 1000
 		}
 		err := NewWorkflow(r.cfg, d).Run(context.Background(), record(lisbon), func(*task.Record, ...task.Event) error { return nil })
-		if code, _, _ := FailureCode(err); code != codes.InputSpike || len(m.Turns()) != 5 {
+		if code, _, _ := task.FailureOf(err); code != codes.InputSpike || len(m.Turns()) != 5 {
 			t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 		}
 		a := r.alerts.Of(alert.Anomaly)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/agent/tools"
 	"faregate/protect/breaker"
@@ -346,7 +347,7 @@ func TestBudgetRefusalMidTask(t *testing.T) {
 	closingTurn(t, turns[1])
 	prompt := chat.EstimatePrompt(turns[1].Messages, nil)
 	left := first + 100 - r.budget.Settled()[0].Actual()
-	if int64(turns[1].MaxTokens) != left-prompt || turns[1].MaxTokens < minClosingTokens {
+	if int64(turns[1].MaxTokens) != left-prompt || turns[1].MaxTokens < govern.MinClosingTokens {
 		t.Fatalf("closing max_tokens %d, want what is left: %d - %d", turns[1].MaxTokens, left, prompt)
 	}
 	if !slices.Contains(rec.Warnings, codes.BudgetExhausted) || rec.Result == nil {
@@ -361,8 +362,8 @@ func TestBudgetTooSmallToClose(t *testing.T) {
 	r := newRig(m, newTool("guide_search"))
 	r.budget.Left = 100
 	_, err := r.run(t, lisbon)
-	var f *failure
-	if !errors.As(err, &f) || f.code != codes.AgentFailed || !strings.Contains(f.msg, "budget ran out") {
+	var f *task.Failure
+	if !errors.As(err, &f) || f.Code != codes.AgentFailed || !strings.Contains(f.Message, "budget ran out") {
 		t.Fatalf("err %v", err)
 	}
 	if len(m.Turns()) != 0 {
@@ -376,7 +377,7 @@ func TestBudgetRefusalNeverReachesBreaker(t *testing.T) {
 	m := &fakeModel{GenerateFn: func(context.Context, int, chat.Turn) (chat.Reply, error) { return plan(2), nil }}
 	r := newRig(m)
 	r.budget.Left = 0
-	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.01, OpenFor: time.Hour}, nil, nil)
+	r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.01, OpenFor: time.Hour}, nil, nil)
 	for range 5 {
 		if _, err := r.run(t, lisbon); err == nil {
 			t.Fatal("a run without budget succeeded")
@@ -395,8 +396,8 @@ func TestBudgetStoreDown(t *testing.T) {
 		return budget.Reservation{}, budget.ErrUnavailable
 	}
 	_, err := r.run(t, lisbon)
-	var f *failure
-	if !errors.As(err, &f) || f.code != codes.AgentFailed || len(m.Turns()) != 0 {
+	var f *task.Failure
+	if !errors.As(err, &f) || f.Code != codes.AgentFailed || len(m.Turns()) != 0 {
 		t.Fatalf("err %v after %d model calls", err, len(m.Turns()))
 	}
 }
@@ -508,8 +509,8 @@ func TestInvalidAnswers(t *testing.T) {
 	}}
 	r := newRig(m)
 	_, err := r.run(t, lisbon)
-	var f *failure
-	if !errors.As(err, &f) || f.code != codes.AgentFailed || !strings.Contains(f.msg, "valid itinerary") || len(m.Turns()) != 2 {
+	var f *task.Failure
+	if !errors.As(err, &f) || f.Code != codes.AgentFailed || !strings.Contains(f.Message, "valid itinerary") || len(m.Turns()) != 2 {
 		t.Fatalf("err %v after %d calls", err, len(m.Turns()))
 	}
 }
@@ -525,7 +526,7 @@ func TestLowPrecisionRun(t *testing.T) {
 	}
 	primary, cheap := &fakeModel{GenerateFn: script}, &fakeModel{GenerateFn: script}
 	r := newRig(primary, newTool("guide_search"), newTool("weather"), newTool(tools.NameFetchPage))
-	r.models.Fallback = &Model{Model: cheap, Name: "cheap"}
+	r.models.Fallback = &govern.Model{Model: cheap, Name: "cheap"}
 	rec := record(lisbon)
 	rec.AITF.Degraded = true
 	if err := r.workflow().Run(context.Background(), rec, func(*task.Record, ...task.Event) error { return nil }); err != nil {
@@ -556,7 +557,7 @@ func TestFallback(t *testing.T) {
 		primary := &fakeModel{GenerateFn: failing}
 		cheap := &fakeModel{GenerateFn: func(context.Context, int, chat.Turn) (chat.Reply, error) { return plan(2), nil }}
 		r := newRig(primary)
-		r.models.Fallback = &Model{Model: cheap, Name: "cheap"}
+		r.models.Fallback = &govern.Model{Model: cheap, Name: "cheap"}
 		r.models.Breaker = breaker.New(breaker.Settings{OpenFor: time.Hour}, nil, nil)
 		rec, err := r.run(t, lisbon)
 		if err != nil {
@@ -575,10 +576,10 @@ func TestFallback(t *testing.T) {
 	})
 	t.Run("without fallback", func(t *testing.T) {
 		r := newRig(&fakeModel{GenerateFn: failing})
-		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+		r.models.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
 		_, err := r.run(t, lisbon)
-		var f *failure
-		if !errors.As(err, &f) || f.code != codes.ModelUnavailable {
+		var f *task.Failure
+		if !errors.As(err, &f) || f.Code != codes.ModelUnavailable {
 			t.Fatalf("err %v", err)
 		}
 		if r.models.Status() != task.ModelUnavailable {
@@ -587,26 +588,26 @@ func TestFallback(t *testing.T) {
 		// While it is open, calls are refused without reaching the model.
 		before := len(r.models.Primary.Model.(*fakeModel).Turns())
 		_, err = r.run(t, lisbon)
-		if !errors.As(err, &f) || f.code != codes.ModelUnavailable || len(r.models.Primary.Model.(*fakeModel).Turns()) != before {
+		if !errors.As(err, &f) || f.Code != codes.ModelUnavailable || len(r.models.Primary.Model.(*fakeModel).Turns()) != before {
 			t.Fatalf("while open: %v", err)
 		}
 	})
 }
 
 func TestModelsStatus(t *testing.T) {
-	ms := &Models{Primary: Model{Name: "offline", Offline: true}}
+	ms := &govern.Models{Primary: govern.Model{Name: "offline", Offline: true}}
 	if ms.Status() != task.ModelOK || !ms.Offline() {
 		t.Fatal("a model without a breaker is always ok")
 	}
-	ms.Breaker = breaker.New(breaker.Settings{MinCalls: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
+	ms.Breaker = breaker.New(breaker.Settings{MinCalls: 1, MinPrincipals: 1, FailureRatio: 0.5, OpenFor: time.Hour}, nil, nil)
 	if ms.Status() != task.ModelOK {
 		t.Fatalf("closed: %s", ms.Status())
 	}
-	_ = ms.Breaker.Do(context.Background(), func(context.Context) error { return errors.New("down") })
+	_ = ms.Breaker.Do(context.Background(), "v_test", func(context.Context, *breaker.Call) error { return errors.New("down") })
 	if ms.Status() != task.ModelUnavailable {
 		t.Fatalf("open without fallback: %s", ms.Status())
 	}
-	ms.Fallback = &Model{Name: "cheap"}
+	ms.Fallback = &govern.Model{Name: "cheap"}
 	if ms.Status() != task.ModelDegraded {
 		t.Fatalf("open with fallback: %s", ms.Status())
 	}

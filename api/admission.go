@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"time"
 
+	"faregate/agent/plancache"
 	"faregate/agent/task"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
-	"faregate/protect/plancache"
 	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
@@ -25,7 +25,7 @@ import (
 //
 // Adding a check: write one function with the check signature,
 // func(*admission) error, and put one entry in createChecks where the
-// contract places it (then the README line and the OpenAPI sentence the
+// manual places it (then the README line and the OpenAPI sentence the
 // test asks for). A check returns nil to go on, or the error to refuse with
 // (the error table picks status and code); it never writes the answer.
 //
@@ -38,7 +38,7 @@ import (
 // (the principal middleware, gate.go), then list a budget check calling
 // s.affordable and a pacing check calling s.paced with the call's
 // reservation (checkBudget and checkPacing pass MinRunTokens), and leave
-// out what the contract says /v1 skips (window, AITF, Turnstile, the daily
+// out what the manual says /v1 skips (window, AITF, Turnstile, the daily
 // task limits, the plan cache).
 
 // check is one named step of an admission.
@@ -102,7 +102,7 @@ func frontSteps() []string {
 const tailStep = "the task is stored and put on the queue"
 
 // createChecks is the order of POST /api/tasks after the front steps: the
-// contract's (third round), one entry per step.
+// project's (third round), one entry per step.
 func (s *server) createChecks() []check {
 	return []check{
 		{name: "refusals known from memory", run: s.checkRemembered},
@@ -156,7 +156,8 @@ func (s *server) admit(list []check, tail func(*admission)) http.Handler {
 // run runs a.list from index from and reports whether the request passed
 // every check (false: it was answered, continued inside a check, or its
 // client left). A refusal is answered here, once: a 400 or 403 also counts
-// as a failed check of the visitor (the contract's failed-check rule).
+// as a failed check of the visitor and as an invalid request of the
+// principal (failedCheck).
 func (s *server) run(a *admission, from int) bool {
 	for i := from; i < len(a.list); i++ {
 		c := a.list[i]
@@ -199,9 +200,9 @@ func resumeAt(list []check) int {
 }
 
 // checkRemembered: a principal (or the site) already over a daily task
-// limit, a visitor over its failed-check limit, a principal blocked for
-// input spikes. No Redis call, and not counted by the request window: a
-// flood of these costs nothing.
+// limit, a visitor over its failed-check limit, a principal over the
+// invalid ratio, a principal blocked for input spikes. No Redis call, and
+// not counted by the request window: a flood of these costs nothing.
 func (s *server) checkRemembered(a *admission) error {
 	if err := s.d.Quota.Remembered(s.subject(a.st)); err != nil {
 		return err
@@ -221,8 +222,8 @@ func (s *server) checkDeadline(a *admission) error {
 	return nil
 }
 
-// checkWindow is the request window, with the failed-check log and the
-// anomaly block in the same round trip.
+// checkWindow is the request window, with the failed-check log, the
+// invalid ratio and the anomaly block in the same round trip.
 func (s *server) checkWindow(a *admission) error { return s.windowCheck(a.r, a.st, true) }
 
 // checkAITFScore scores the body for agent-workflow signals (the guard's
@@ -318,10 +319,14 @@ func (s *server) checkModelHealth(a *admission) error {
 }
 
 // checkBudget: can the principal, its tier and the site afford one
-// minimal run, in tokens and in money.
+// minimal run, in tokens and in money, today; and the principal's
+// sliding hour, when its tier has one.
 func (s *server) checkBudget(a *admission) error {
 	tokens, cost := s.minRun(a.req.Request)
-	return s.affordable(a.r.Context(), a.st, tokens, cost)
+	if err := s.affordable(a.r.Context(), a.st, tokens, cost); err != nil {
+		return err
+	}
+	return s.hourRoom(a.r.Context(), a.st, tokens)
 }
 
 // checkPacing: the tier's tokens-per-minute bucket must hold one minimal

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"faregate/agent/plancache"
 	"faregate/protect/budget"
-	"faregate/protect/plancache"
 	"faregate/protect/principal"
 	"faregate/protect/turnstile"
 )
@@ -98,7 +98,7 @@ func TestAdmissionOrderDocumented(t *testing.T) {
 
 // TestAdmissionChecks: every check has a name and a function, names are
 // unique, a cached plan has one place to resume, and the fallbacks are
-// the two refusals the contract lets a cached plan answer.
+// the two refusals the manual lets a cached plan answer.
 func TestAdmissionChecks(t *testing.T) {
 	s := &server{}
 	list := s.createChecks()

@@ -8,7 +8,7 @@ import (
 )
 
 // newAITF is the AITF guard of o with what only the server knows filled
-// in: its refusal (the contract's 503 aitf_queue_full), the observe-mode
+// in: its refusal (the documented 503 aitf_queue_full), the observe-mode
 // count in the refusal summary, the principal as visitor key, the route
 // label and the body limit. Built here, the guard and the server need no
 // closure over a variable assigned later to find each other.

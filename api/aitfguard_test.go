@@ -19,7 +19,7 @@ import (
 
 // TestServerBuildsItsAITFGuard: with Deps.AITFOptions the server builds the
 // guard and joins it to itself: its observe-mode verdicts are counted in
-// the refusal summary and its refusal is the contract's envelope. (cmd
+// the refusal summary and its refusal is the documented envelope. (cmd
 // used to join them through closures over a *Server assigned later.)
 func TestServerBuildsItsAITFGuard(t *testing.T) {
 	srv := NewServer(Deps{Registry: prometheus.NewRegistry(), AITFOptions: &aitf.Options{Mode: aitf.ModeObserve, Threshold: 0.05}})

@@ -15,15 +15,16 @@ import (
 	"faregate/agent/gateway"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
+	"faregate/agent/tasklimits"
 	"faregate/agent/taskstore"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/codes"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/policy"
 	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
-	"faregate/protect/redistest"
 	"faregate/protect/turnstile"
 )
 
@@ -104,8 +105,10 @@ func budgetRefusal(t *testing.T, now time.Time) error {
 // refusing policy with the same t, in one table.
 func TestErrorTable(t *testing.T) {
 	now := time.Date(2026, 12, 1, 18, 48, 0, 0, time.UTC)
-	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000, FailedChecksPerHour: 20, StreamsPerPrincipal: 4}}, errors: newErrorTable(errorRows())}
-	tier := principal.Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120}
+	s := &server{d: Deps{Now: func() time.Time { return now }, Limits: Limits{SiteDailyTokens: 200000, FailedChecksPerHour: 20, StreamsPerPrincipal: 4,
+		InvalidRatio: 0.5, InvalidMinRequests: 20}}, errors: newErrorTable(errorRows())}
+	tier := principal.Tier{Name: "public", TasksPerDay: 5, TokensPerDay: 40000, TokensPerMinute: 6000, RequestsPerMinute: 120,
+		RequestsPerSecond: 10, TokensPerHour: 10000, SoftAt: 0.8, SoftRequestsPerMinute: 5}
 	cases := []struct {
 		name   string
 		err    error
@@ -131,21 +134,27 @@ func TestErrorTable(t *testing.T) {
 		{"streams", &retryError{ErrTooManyStreams, streamRetry}, 429, codes.TooManyStreams, "5", `"streams";r=0;t=5`},
 		{"window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: 1500 * time.Millisecond}, 429, codes.RateLimited, "2", `"rpm";r=0;t=2`},
 		{"window from memory", &retryError{ratelimit.ErrRateLimited, 1500 * time.Millisecond}, 429, codes.RateLimited, "2", `"rpm";r=0;t=2`},
+		{"second window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, Window: ratelimit.WindowSecond, After: 400 * time.Millisecond}, 429, codes.RateLimited, "1", `"rps";r=0;t=1`},
+		{"second window from memory", &retryError{&ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, Window: ratelimit.WindowSecond}, 300 * time.Millisecond}, 429, codes.RateLimited, "1", `"rps";r=0;t=1`},
+		{"soft window", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, Window: ratelimit.WindowSoft, After: 55 * time.Second}, 429, codes.RateLimited, "55", `"soft";r=0;t=55`},
+		{"invalid ratio", &ratelimit.RefusedError{Reason: ratelimit.ReasonInvalidRatio, After: 9*time.Minute + 30*time.Second}, 429, codes.InvalidRatio, "570", `"invalid";r=0;t=570`},
+		{"invalid ratio from memory", &retryError{ratelimit.ErrInvalidRatio, time.Minute}, 429, codes.InvalidRatio, "60", `"invalid";r=0;t=60`},
+		{"hour", &ratelimit.RefusedError{Reason: ratelimit.ReasonHourExhausted, After: 40*time.Minute + 30*time.Second}, 429, codes.DemoBudgetExhausted, "2430", `"hour";r=0;t=2430`},
 		{"failed checks", &ratelimit.RefusedError{Reason: ratelimit.ReasonTooManyFailedChecks, After: 30 * time.Minute}, 429, codes.TooManyFailedChecks, "1800", `"failed";r=0;t=1800`},
 		{"failed checks from memory", &retryError{ratelimit.ErrTooManyFailedChecks, 90 * time.Second}, 429, codes.TooManyFailedChecks, "90", `"failed";r=0;t=90`},
 		{"anomaly", &ratelimit.RefusedError{Reason: ratelimit.ReasonAnomalyBlocked, After: 59*time.Minute + 100*time.Millisecond}, 429, codes.AnomalyBlocked, "3541", `"anomaly";r=0;t=3541`},
 		{"bucket", &ratelimit.RefusedError{Reason: ratelimit.ReasonTokenRateLimited, After: 12 * time.Second}, 429, codes.TokenRateLimited, "12", `"tpm";r=0;t=12`},
 		{"pacing", &ratelimit.WaitTooLongError{Wait: 40 * time.Second, MaxWait: 30 * time.Second, After: 10 * time.Second}, 429, codes.TokenRateLimited, "10", `"tpm";r=0;t=10`},
-		{"task key's events", &taskkey.LimitError{Err: taskkey.ErrEventLimit, Max: 200, After: 30 * time.Second}, 429, codes.EventLimit, "30", `"task";r=0;t=30`},
-		{"task key's fetches", &taskkey.LimitError{Err: taskkey.ErrToolLimit, Max: 12, After: 1500 * time.Millisecond}, 429, codes.ToolLimit, "2", `"task";r=0;t=2`},
+		{"task's events", &tasklimits.LimitError{Err: tasklimits.ErrEventLimit, Kind: tasklimits.Events, Max: 200, After: 30 * time.Second}, 429, codes.EventLimit, "30", `"task";r=0;t=30`},
+		{"task's fetches", &tasklimits.LimitError{Err: tasklimits.ErrToolLimit, Kind: tasklimits.Tools, Max: 12, After: 1500 * time.Millisecond}, 429, codes.ToolLimit, "2", `"task";r=0;t=2`},
 		{"result taken", taskkey.ErrFinished, 409, codes.TaskFinished, "", ""},
 		{"fetch refused", fmt.Errorf("%w: private address", ErrFetchRefused), 400, codes.FetchRefused, "", ""},
 		{"task key refused", taskkey.ErrInvalid, 401, codes.InvalidAPIKey, "", ""},
 		{"model not allowed", gateway.ErrModelNotAllowed, 400, codes.ModelNotAllowed, "", ""},
 		{"unsupported parameter", &gateway.ParamError{Err: gateway.ErrUnsupportedParameter, Field: "n", Reason: "must be 1"}, 400, codes.UnsupportedParameter, "", ""},
 		{"input spike", fmt.Errorf("%w: 50000 tokens", ratelimit.ErrInputSpike), 429, codes.InputSpike, "5", `"task";r=0;t=5`},
-		{"step limit", gateway.ErrStepLimit, 429, codes.StepLimit, "5", `"task";r=0;t=5`},
-		{"too many calls", gateway.ErrTooManyCalls, 429, codes.TooManyCalls, "5", `"task";r=0;t=5`},
+		{"step limit", tasklimits.ErrStepLimit, 429, codes.StepLimit, "5", `"task";r=0;t=5`},
+		{"too many calls", tasklimits.ErrTooManyCalls, 429, codes.TooManyCalls, "5", `"task";r=0;t=5`},
 		{"panic", errPanic, 500, codes.InternalError, "", ""},
 		{"unknown", errors.New("something else"), 500, codes.InternalError, "", ""},
 		{"redis for quota", fmt.Errorf("%w: dial", quota.ErrUnavailable), 503, codes.DemoProtectionUnavailable, "5", ""},
@@ -154,6 +163,7 @@ func TestErrorTable(t *testing.T) {
 		{"redis for tasks", taskstore.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
 		{"siteverify", turnstile.ErrUnavailable, 503, codes.DemoProtectionUnavailable, "5", ""},
 		{"model", errModelUnavailable, 503, codes.ModelUnavailable, "5", ""},
+		{"provider's answer past its reservation", fmt.Errorf("%w: 170000 tokens", gateway.ErrUpstreamAnswer), 502, codes.UpstreamInvalid, "", ""},
 		{"aitf", &retryError{aitf.ErrQueueFull, 1500 * time.Millisecond}, 503, codes.AITFQueueFull, "2", ""},
 		{"busy", &retryError{ErrServerBusy, 5 * time.Second}, 503, codes.ServerBusy, "5", ""},
 		{"503 capped", &retryError{ErrServerBusy, 2 * time.Minute}, 503, codes.ServerBusy, "30", ""},
@@ -437,5 +447,37 @@ func TestDeadline(t *testing.T) {
 	cancel()
 	if w, st := serve(ctx); st.code != "" || w.Body.Len() != 0 {
 		t.Fatalf("answered a client that left: %d %s %q", w.Code, st.code, w.Body)
+	}
+}
+
+// TestSeedPolicies: the refusals of the second window, the soft window,
+// the invalid ratio and the hour name their policy with its quota and
+// window, and the hour's refusal says it is the hour's (not the day's).
+func TestSeedPolicies(t *testing.T) {
+	s := &server{d: Deps{Now: time.Now, Limits: Limits{InvalidRatio: 0.5, InvalidMinRequests: 20}}, errors: newErrorTable(errorRows())}
+	tier := principal.Tier{Name: "public", RequestsPerMinute: 120, RequestsPerSecond: 10, TokensPerHour: 10000, SoftAt: 0.8, SoftRequestsPerMinute: 5}
+	for _, tc := range []struct {
+		name, policy, message string
+		err                   error
+	}{
+		{"second", `"rps";q=10;w=1`, "in the last second", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, Window: ratelimit.WindowSecond, After: time.Second}},
+		{"soft", `"soft";q=5;w=60`, "a few requests a minute", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, Window: ratelimit.WindowSoft, After: time.Second}},
+		{"minute", `"rpm";q=120;w=60`, "in the last minute", &ratelimit.RefusedError{Reason: ratelimit.ReasonRateLimited, After: time.Second}},
+		{"invalid", `"invalid";q=50;w=600`, "were invalid", &ratelimit.RefusedError{Reason: ratelimit.ReasonInvalidRatio, After: time.Second}},
+		{"hour", `"hour";q=10000;w=3600`, "for the last hour", &ratelimit.RefusedError{Reason: ratelimit.ReasonHourExhausted, After: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &state{id: "req-1", tier: tier}
+			r := httptest.NewRequest("POST", "/api/tasks", nil)
+			r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+			w := httptest.NewRecorder()
+			s.writeErr(w, r, tc.err)
+			if got := w.Header().Get("RateLimit-Policy"); got != tc.policy {
+				t.Errorf("RateLimit-Policy %q, want %q", got, tc.policy)
+			}
+			if !strings.Contains(w.Body.String(), tc.message) {
+				t.Errorf("body %s, want %q", w.Body, tc.message)
+			}
+		})
 	}
 }

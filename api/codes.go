@@ -7,6 +7,7 @@ import (
 	"faregate/agent/gateway"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
+	"faregate/agent/tasklimits"
 	"faregate/agent/taskstore"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
@@ -33,14 +34,14 @@ func errorRows() []entry {
 		{[]error{ErrFetchRefused}, http.StatusBadRequest, codes.FetchRefused,
 			"The URL is not a public http(s) address, or the page could not be fetched."},
 		{[]error{taskkey.ErrFinished, gateway.ErrCallEnded}, http.StatusConflict, codes.TaskFinished,
-			"The task has already ended; its result was taken."},
+			"The task has already ended; its key no longer works."},
 		{[]error{gateway.ErrModelNotAllowed}, http.StatusBadRequest, codes.ModelNotAllowed,
 			"This model is not one the task's key may use; see GET /v1/models."},
 		{[]error{gateway.ErrUnsupportedParameter}, http.StatusBadRequest, codes.UnsupportedParameter,
 			"A parameter changes the cost in a way the task's budget cannot see, so it is not accepted here."},
-		{[]error{gateway.ErrStepLimit}, http.StatusTooManyRequests, codes.StepLimit,
-			"This task has made all the model calls it may make."},
-		{[]error{gateway.ErrTooManyCalls}, http.StatusTooManyRequests, codes.TooManyCalls,
+		{[]error{tasklimits.ErrStepLimit}, http.StatusTooManyRequests, codes.StepLimit,
+			"This task has made all the model calls (or embedding calls) it may make."},
+		{[]error{tasklimits.ErrTooManyCalls}, http.StatusTooManyRequests, codes.TooManyCalls,
 			"Too many model calls of this task are in flight. Wait for one to end."},
 		{[]error{ratelimit.ErrInputSpike}, http.StatusTooManyRequests, codes.InputSpike,
 			"This prompt is far larger than this visitor's usual, so the call was not made and the task ends."},
@@ -50,11 +51,11 @@ func errorRows() []entry {
 			"No such task."},
 		{[]error{ErrNotFound, gateway.ErrNotFound}, http.StatusNotFound, codes.NotFound,
 			"No such endpoint."},
-		{[]error{ErrMethodNotAllowed, gateway.ErrMethodNotAllowed}, http.StatusMethodNotAllowed, codes.MethodNotAllowed,
+		{[]error{ErrMethodNotAllowed}, http.StatusMethodNotAllowed, codes.MethodNotAllowed,
 			"This method is not allowed here; see the Allow header."},
-		{[]error{ErrTooLarge, gateway.ErrTooLarge}, http.StatusRequestEntityTooLarge, codes.RequestTooLarge,
+		{[]error{ErrTooLarge}, http.StatusRequestEntityTooLarge, codes.RequestTooLarge,
 			"The request body is too large: /api takes at most 16384 bytes, /v1 at most FAREGATE_V1_MAX_BODY."},
-		{[]error{ErrUnsupportedMedia, gateway.ErrUnsupportedMedia}, http.StatusUnsupportedMediaType, codes.UnsupportedMediaType,
+		{[]error{ErrUnsupportedMedia}, http.StatusUnsupportedMediaType, codes.UnsupportedMediaType,
 			"Send the request as Content-Type: application/json."},
 		{[]error{quota.ErrVisitorLimit}, http.StatusTooManyRequests, codes.DemoIPLimitReached,
 			"You have used all of today's demo tasks. They reset at 00:00 UTC."},
@@ -62,7 +63,7 @@ func errorRows() []entry {
 			"The demo has reached today's limit for everyone. It resets at 00:00 UTC."},
 		{[]error{quota.ErrKeyLimit}, http.StatusTooManyRequests, codes.KeyDailyLimitReached,
 			"This API key has used all of today's tasks. They reset at 00:00 UTC."},
-		{[]error{budget.ErrExhausted}, http.StatusTooManyRequests, codes.DemoBudgetExhausted,
+		{[]error{budget.ErrExhausted, ratelimit.ErrHourExhausted}, http.StatusTooManyRequests, codes.DemoBudgetExhausted,
 			"Today's model budget is used up. It resets at 00:00 UTC."},
 		{[]error{ErrTooManyStreams}, http.StatusTooManyRequests, codes.TooManyStreams,
 			"Too many live progress streams are open from your address. Close one and try again."},
@@ -72,19 +73,23 @@ func errorRows() []entry {
 			"Too many failed checks in the last hour. Please wait before trying again."},
 		{[]error{ratelimit.ErrTokenRateLimited}, http.StatusTooManyRequests, codes.TokenRateLimited,
 			"Too many model tokens in the last minute. Please wait before trying again."},
+		{[]error{ratelimit.ErrInvalidRatio}, http.StatusTooManyRequests, codes.InvalidRatio,
+			"Too many of your requests in the last 10 minutes were invalid. Please wait before trying again."},
 		{[]error{ratelimit.ErrAnomalyBlocked}, http.StatusTooManyRequests, codes.AnomalyBlocked,
 			"Unusual input was seen from you several times in the last hour. Please wait before trying again."},
-		{[]error{taskkey.ErrEventLimit}, http.StatusTooManyRequests, codes.EventLimit,
+		{[]error{tasklimits.ErrEventLimit}, http.StatusTooManyRequests, codes.EventLimit,
 			"This task has posted all the progress events it may."},
-		{[]error{taskkey.ErrToolLimit}, http.StatusTooManyRequests, codes.ToolLimit,
+		{[]error{tasklimits.ErrToolLimit}, http.StatusTooManyRequests, codes.ToolLimit,
 			"This task has made all the tool calls it may."},
 		{[]error{errPanic}, http.StatusInternalServerError, codes.InternalError,
 			"Something went wrong on our side."},
 		{[]error{turnstile.ErrUnavailable, quota.ErrUnavailable, budget.ErrUnavailable,
-			ratelimit.ErrUnavailable, taskstore.ErrUnavailable, taskkey.ErrUnavailable, gateway.ErrLimitsUnavailable}, http.StatusServiceUnavailable, codes.DemoProtectionUnavailable,
+			ratelimit.ErrUnavailable, taskstore.ErrUnavailable, taskkey.ErrUnavailable, tasklimits.ErrUnavailable}, http.StatusServiceUnavailable, codes.DemoProtectionUnavailable,
 			"The demo's protection is unavailable, so it is not accepting requests right now. Please try again shortly."},
 		{[]error{errModelUnavailable, gateway.ErrUpstream}, http.StatusServiceUnavailable, codes.ModelUnavailable,
 			"The model provider is unavailable right now. Please try again shortly."},
+		{[]error{gateway.ErrUpstreamAnswer}, http.StatusBadGateway, codes.UpstreamInvalid,
+			"The model provider's answer was longer than the call's reservation and could not be cut well formed, so it was not relayed."},
 		{[]error{aitf.ErrQueueFull}, http.StatusServiceUnavailable, codes.AITFQueueFull,
 			"The server is too busy with automated traffic. Please try again shortly."},
 		// A request out of time inside faregate (RequestTimeout) was busy
@@ -108,7 +113,7 @@ func warningCodes() []string {
 	return []string{
 		codes.WeatherUnavailable, codes.SearchUnavailable, codes.FetchFailed, codes.DownstreamPushback,
 		codes.BudgetExhausted, codes.OutputTruncated, codes.OutputLoop, codes.StepLimit, codes.ToolLimit,
-		codes.TimeLimit, codes.ToolLoop, codes.LowPrecision, codes.FallbackModel,
+		codes.TimeLimit, codes.ToolLoop, codes.LowPrecision, codes.FallbackModel, codes.Throttled, codes.Downgraded,
 	}
 }
 

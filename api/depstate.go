@@ -135,7 +135,7 @@ func (ds dependencies) failedBy(err error) *dependency {
 }
 
 // summarised reports whether a 5xx with code is counted by the refusal
-// summary rather than logged on its own (the contract's third-round rule):
+// summary rather than logged on its own (the project's third-round rule):
 // refusals that shed load or report a dependency's outage. Any other 5xx,
 // internal_error first, is a failure worth its own line.
 func summarised(code string) bool {

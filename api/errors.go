@@ -8,11 +8,11 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"faregate/protect/codes"
+	"faregate/protect/kit/jsonstr"
 )
 
 // Errors that start in this package. Refusals decided elsewhere arrive as
@@ -62,7 +62,7 @@ func (e *retryError) Unwrap() error             { return e.err }
 func (e *retryError) RetryAfter() time.Duration { return e.after }
 
 // retryAfterUnavailable is the Retry-After of a 503 that names none, and
-// retryAfterMax503 the longest a 503 may ask for (the contract: a few
+// retryAfterMax503 the longest a 503 may ask for (as documented: a few
 // seconds, at most 30).
 const (
 	retryAfterUnavailable = 5 * time.Second
@@ -103,7 +103,7 @@ func newErrorTable(rows []entry) *errorTable {
 		spec := t.byCode[row.code]
 		if spec == nil {
 			spec = &errorSpec{status: row.status, code: row.code, message: row.message, logged: row.status >= 500}
-			spec.head = []byte(`{"error":{"code":` + strconv.Quote(row.code) + `,"message":` + jsonString(row.message))
+			spec.head = []byte(`{"error":{"code":` + jsonstr.Quote(row.code) + `,"message":` + jsonstr.Quote(row.message))
 			t.byCode[row.code] = spec
 		}
 		for _, e := range row.errs {
@@ -118,6 +118,19 @@ func newErrorTable(rows []entry) *errorTable {
 		panic("api: error table without " + codes.InternalError)
 	}
 	return t
+}
+
+// defaultErrors is the table of an answer written where no server is at
+// hand (writeJSON's own failure): the one table words that too.
+var defaultErrors = newErrorTable(errorRows())
+
+// writeBare answers spec where no request is at hand (no request id, no
+// state to record): the table's envelope, with its status.
+func (t *errorTable) writeBare(w http.ResponseWriter, spec *errorSpec) {
+	jsonHeaders(w.Header())
+	w.WriteHeader(spec.status)
+	b := make([]byte, 0, len(spec.head)+3)
+	_, _ = w.Write(append(append(b, spec.head...), "}}\n"...))
 }
 
 // lookup walks err's chain (and joined errors) to the first mapped
@@ -175,26 +188,4 @@ func retryAfter(spec *errorSpec, err error) (int64, bool) {
 func ceilSeconds(d time.Duration) int64 {
 	s := int64((d + time.Second - 1) / time.Second)
 	return max(s, 1)
-}
-
-// jsonString quotes s as a JSON string (html-safe escaping is not needed
-// for application/json answers).
-func jsonString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r < 0x20:
-			b.WriteString(`\u00`)
-			b.WriteByte("0123456789abcdef"[r>>4])
-			b.WriteByte("0123456789abcdef"[r&0xf])
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }

@@ -2,52 +2,95 @@ package api
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"io"
+	"math"
 	"mime"
 	"net/http"
+	"time"
 
+	"faregate/protect/kit/randhex"
 	"faregate/protect/policy"
 	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
 )
 
-// bodyShape refuses a body by its headers alone, before any middleware or
-// handler reads a byte of it: 415 when a request that carries a body is not
-// JSON, then 413 when Content-Length is over MaxBody (the contract's order:
-// a large text body is 415). A body without a length (chunked) is cut after
-// MaxBody+1 bytes, so whoever reads it sees it is too large without reading
-// further.
+// bodyShape is the /api surface's body gate (gateBody): 16384 bytes, its
+// errors in the /api shape.
 func (s *server) bodyShape(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodPost, http.MethodPut, http.MethodPatch:
-		default:
-			next.ServeHTTP(w, r)
-			return
-		}
-		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-			// The exact common form needs no parsing (ParseMediaType
-			// allocates a map even when there are no parameters).
-			mt, _, err := mime.ParseMediaType(ct)
-			if err != nil || mt != "application/json" {
-				refuseBody(w, r)
-				s.writeErr(w, r, ErrUnsupportedMedia)
+	return gateBody(MaxBody, ErrTooLarge, s.writeErr)(next)
+}
+
+// gateBody is the one body gate of every route that takes a body, /api and
+// /v1 alike: it refuses a body by its headers alone, before any middleware
+// or handler reads a byte of it. 415 when a request that carries a body is
+// not Content-Type: application/json (parameters such as charset allowed;
+// an empty Content-Type and other JSON types, such as application/x+json,
+// are refused), then 413 (tooLarge) when Content-Length is over limit (the
+// order is the manual's: a large text body is 415). A body without a
+// length (chunked) is cut after limit+1 bytes, so whoever reads it
+// (readBody) sees it is too large without reading further.
+func gateBody(limit int64, tooLarge error, write func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.Method {
+			case http.MethodPost, http.MethodPut, http.MethodPatch:
+			default:
+				next.ServeHTTP(w, r)
 				return
 			}
+			if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+				// The exact common form needs no parsing (ParseMediaType
+				// allocates a map even when there are no parameters).
+				mt, _, err := mime.ParseMediaType(ct)
+				if err != nil || mt != "application/json" {
+					refuseBody(w, r)
+					write(w, r, ErrUnsupportedMedia)
+					return
+				}
+			}
+			if r.ContentLength > limit {
+				refuseBody(w, r)
+				write(w, r, tooLarge)
+				return
+			}
+			if r.ContentLength < 0 && r.Body != nil {
+				r.Body = &capReader{r: r.Body, left: limit + 1}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// readBody reads a body gateBody let through, of at most limit bytes
+// (tooLarge past it: a chunked body turns out too large only here). The
+// buffer is sized by Content-Length when the client declared one, so a
+// large prompt is read in one allocation instead of a doubling series.
+func readBody(r *http.Request, limit int64, tooLarge error) ([]byte, error) {
+	size := int64(512)
+	if r.ContentLength > 0 {
+		// One more than declared, to see the end without growing.
+		size = min(r.ContentLength, limit) + 1
+	}
+	buf := make([]byte, 0, size)
+	lr := io.LimitReader(r.Body, limit+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grow (a chunked body)
 		}
-		if r.ContentLength > MaxBody {
-			refuseBody(w, r)
-			s.writeErr(w, r, ErrTooLarge)
-			return
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return nil, tooLarge
 		}
-		if r.ContentLength < 0 && r.Body != nil {
-			r.Body = &capReader{r: r.Body, left: MaxBody + 1}
+		if err == io.EOF {
+			return buf, nil
 		}
-		next.ServeHTTP(w, r)
-	})
+		if err != nil {
+			return nil, invalid("body", "could not be read")
+		}
+	}
 }
 
 // refuseBody closes the connection after a refusal of a declared body.
@@ -129,12 +172,15 @@ func (s *server) window(creation bool) func(http.Handler) http.Handler {
 	}
 }
 
-// windowCheck is the request window: a sliding minute per principal,
-// shared by every replica through Redis, over every /api request but the
-// documents. For creations the same round trip also checks the
-// failed-check log (visitors) and the anomaly block, and remembers a
-// refusal of either for as long as it lasts. errGone: the client left
-// while waiting for its lane.
+// windowCheck is the request window: a sliding minute and a sliding
+// second per principal, shared by every replica through Redis, over every
+// /api request but the documents (the second read from the minute's log,
+// in the same round trip). For creations the same round trip also checks
+// the failed-check log (visitors), the anomaly block and the invalid
+// ratio, and remembers a refusal of any of them for as long as it lasts.
+// A principal past the soft share of its hourly tokens is held to its
+// soft requests per minute. errGone: the client left while waiting for
+// its lane.
 func (s *server) windowCheck(r *http.Request, st *state, creation bool) error {
 	// A principal the window refused is refused again from memory until a
 	// request fits: nothing frees a slot sooner, so this is exact, and a
@@ -155,11 +201,16 @@ func (s *server) windowCheck(r *http.Request, st *state, creation bool) error {
 	req := ratelimit.GateRequest{
 		Scope:             st.principal.Scope(),
 		RequestsPerMinute: st.tier.RequestsPerMinute,
+		RequestsPerSecond: st.tier.RequestsPerSecond,
 		CheckAnomaly:      creation,
+		Hour:              hourRule(st.tier),
 		Op:                opID(),
 	}
-	if creation && st.principal.Kind == principal.KindVisitor {
-		req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
+	if creation {
+		req.Invalid = s.invalidRule()
+		if st.principal.Kind == principal.KindVisitor {
+			req.FailedChecksPerHour = s.d.Limits.FailedChecksPerHour
+		}
 	}
 	ctx, end := s.span(r.Context(), "gate.window")
 	d, err := s.d.Limiter.Gate(ctx, req)
@@ -170,32 +221,81 @@ func (s *server) windowCheck(r *http.Request, st *state, creation bool) error {
 	}
 	end(err)
 	st.window = d
+	if d.Soft {
+		s.alertThrottled(st)
+	}
 	if err != nil {
 		var re *ratelimit.RefusedError
 		if errors.As(err, &re) {
-			if re.Reason == ratelimit.ReasonRateLimited {
-				s.limited.remember(st.principal, re.Unwrap(), re.RetryAfter())
-			} else {
-				s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
-			}
+			s.rememberRefusal(st, re)
 		}
 		return err
 	}
 	return nil
 }
 
-// opID is a fresh idempotency id for one script call.
-func opID() string { return rand.Text() }
+// rememberRefusal keeps a window refusal for as long as it lasts: a
+// rate_limited one whole (its window names the RateLimit policy), the
+// others by their sentinel; an invalid ratio is alerted.
+func (s *server) rememberRefusal(st *state, re *ratelimit.RefusedError) {
+	switch re.Reason {
+	case ratelimit.ReasonRateLimited:
+		s.limited.remember(st.principal, re, re.RetryAfter())
+	case ratelimit.ReasonInvalidRatio:
+		s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
+		s.alertInvalid(st, re.RetryAfter())
+	default:
+		s.memo.remember(st.principal, re.Unwrap(), re.RetryAfter())
+	}
+}
 
-// failedCheck records a 400/403 answer to a visitor's creation (seed 001's
-// "high ratio of invalid requests"); past the limit the visitor is refused
-// from memory before siteverify is called again. Keys are not counted: they
-// pass no Turnstile and their limits are their own.
+// hourRule is a tier's hourly quota as the gate reads it (none: zero).
+func hourRule(t principal.Tier) ratelimit.HourRule {
+	if t.TokensPerHour <= 0 {
+		return ratelimit.HourRule{}
+	}
+	return ratelimit.HourRule{Tokens: t.TokensPerHour, SoftTokens: t.SoftTokens(), SoftRequestsPerMinute: t.SoftRequests()}
+}
+
+// invalidRule is the invalid ratio as the gate applies it (off: zero).
+func (s *server) invalidRule() ratelimit.InvalidRule {
+	ratio := s.d.Limits.InvalidRatio
+	if ratio <= 0 {
+		return ratelimit.InvalidRule{}
+	}
+	return ratelimit.InvalidRule{Ratio: min(int64(math.Round(ratio*ratelimit.RatioScale)), ratelimit.RatioScale),
+		MinRequests: max(s.d.Limits.InvalidMinRequests, 1)}
+}
+
+// opID is a fresh idempotency id for one script call.
+func opID() string { return randhex.New(16) }
+
+// failedCheck records a 400/403 answer to a creation (seed 001's "high
+// ratio of invalid requests"): for a visitor in its failed-check log, past
+// whose limit it is refused from memory before siteverify is called again
+// (keys pass no Turnstile and their limits are their own), and for any
+// principal as an invalid request of its invalid-ratio window, in the same
+// round trip.
 func (s *server) failedCheck(r *http.Request, st *state) {
-	if st.principal.Kind != principal.KindVisitor || s.d.Limits.FailedChecksPerHour <= 0 {
+	perHour := s.d.Limits.FailedChecksPerHour
+	if st.principal.Kind != principal.KindVisitor {
+		perHour = 0
+	}
+	var invalid int64
+	if s.d.Limits.InvalidRatio > 0 {
+		invalid = 1
+	}
+	var blocked time.Duration
+	var err error
+	switch {
+	case invalid > 0:
+		_, blocked, err = s.d.Limiter.Record(r.Context(), ratelimit.Note{Scope: st.principal.Scope(), Invalid: invalid,
+			FailedChecksPerHour: max(perHour, 0), Op: opID()})
+	case perHour > 0:
+		_, blocked, err = s.d.Limiter.RecordFailedCheck(r.Context(), st.principal.Scope(), opID(), perHour)
+	default:
 		return
 	}
-	_, blocked, err := s.d.Limiter.RecordFailedCheck(r.Context(), st.principal.Scope(), opID(), s.d.Limits.FailedChecksPerHour)
 	if err != nil {
 		// The refusal is answered either way; the count is best effort.
 		return

@@ -4,7 +4,7 @@ import (
 	"context"
 	"log/slog"
 
-	"faregate/protect/tracing"
+	"faregate/protect/kit/tracing"
 )
 
 // ContextLogHandler adds the request id and the trace and span ids found in

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"faregate/protect/promreg"
+	"faregate/protect/kit/promreg"
 )
 
 // metrics are the gate's Prometheus series. Labels carry codes, route

@@ -13,8 +13,8 @@ import (
 
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
+	"faregate/protect/kit/randhex"
 	"faregate/protect/principal"
-	"faregate/protect/randhex"
 	"faregate/protect/ratelimit"
 )
 

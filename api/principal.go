@@ -5,14 +5,14 @@ import (
 	"sync"
 	"time"
 
-	"faregate/protect/memo"
+	"faregate/protect/kit/memo"
 	"faregate/protect/principal"
 )
 
 // denials remembers refusals that cannot be undone before a known time (a
 // principal over its failed-check limit, or blocked for anomalies), so a
 // flood of such requests is answered without a Redis call. It is
-// protect/memo, the one refusal memory (quota's daily limits use it too):
+// protect/kit/memo, the one refusal memory (quota's daily limits use it too):
 // bounded, past its capacity it forgets the least recently used refusal,
 // which is then only asked of Redis again.
 type denials struct {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 
@@ -13,15 +14,22 @@ import (
 
 // The RateLimit policies (draft-ietf-httpapi-ratelimit-headers) faregate
 // advertises: tasks per day, tokens per day, money per day, requests per
-// minute, tokens per minute, failed checks per hour, input spikes per hour,
-// and concurrent event streams. Every 429 names one of them.
+// minute, requests per second, the soft requests per minute of a
+// principal near its hourly tokens, tokens per hour, tokens per minute,
+// failed checks per hour, the invalid ratio over 10 minutes (its q the
+// ratio in percent), input spikes per hour, and concurrent event streams.
+// Every 429 names one of them.
 const (
 	policyDaily   = "daily"
 	policyBudget  = "budget"
 	policyRPM     = "rpm"
+	policyRPS     = "rps"
+	policySoft    = "soft"
+	policyHour    = "hour"
 	policyTPM     = "tpm"
 	policySpend   = "spend"
 	policyFailed  = "failed"
+	policyInvalid = "invalid"
 	policyAnomaly = "anomaly"
 	policyStreams = "streams"
 )
@@ -104,6 +112,14 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 		}
 		setRateLimit(h, rlItem{name: policyDaily, q: q, w: 86400, t: secs})
 	case codes.DemoBudgetExhausted:
+		if re := refusedOf(err); re != nil && re.Reason == ratelimit.ReasonHourExhausted {
+			q := st.tier.TokensPerHour
+			if re.Quota > 0 {
+				q = re.Quota // a model call's: the task's principal, not this request's tier
+			}
+			setRateLimit(h, rlItem{name: policyHour, q: q, w: 3600, t: secs})
+			return
+		}
 		var be *budget.ExhaustedError
 		if !errors.As(err, &be) {
 			setRateLimit(h, rlItem{name: policyBudget, q: s.d.Limits.SiteDailyTokens, w: 86400, t: secs})
@@ -112,7 +128,18 @@ func (s *server) rateLimitHeaders(h http.Header, st *state, code string, err err
 		name, q := s.budgetQuota(st, be.Scope)
 		setRateLimit(h, rlItem{name: name, q: q, w: 86400, r: be.Remaining, t: secs})
 	case codes.RateLimited:
-		setRateLimit(h, rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, t: secs})
+		it := rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, t: secs}
+		if re := refusedOf(err); re != nil {
+			switch re.Window {
+			case ratelimit.WindowSecond:
+				it = rlItem{name: policyRPS, q: st.tier.RequestsPerSecond, w: 1, t: secs}
+			case ratelimit.WindowSoft:
+				it = rlItem{name: policySoft, q: st.tier.SoftRequests(), w: 60, t: secs}
+			}
+		}
+		setRateLimit(h, it)
+	case codes.InvalidRatio:
+		setRateLimit(h, rlItem{name: policyInvalid, q: int64(math.Round(s.d.Limits.InvalidRatio * 100)), w: 600, t: secs})
 	case codes.TokenRateLimited:
 		setRateLimit(h, rlItem{name: policyTPM, q: st.tier.TokensPerMinute, w: 60, t: secs})
 	case codes.TooManyFailedChecks:
@@ -151,13 +178,18 @@ func (s *server) budgetQuota(st *state, scope budget.Scope) (string, int64) {
 }
 
 // admissionHeaders advertises the principal's policies on a 202: its daily
-// tasks and its request window. (A tier's tokens per minute is not among
-// them: its remaining would need a read of the bucket on every admission.)
+// tasks and its request window (the soft one while it is throttled). (A
+// tier's tokens per minute and per hour are not among them: when either
+// frees up depends on the calls in flight, which the gate does not read.)
 func (s *server) admissionHeaders(h http.Header, st *state, dec quota.Decision) {
 	reset := ceilSeconds(dec.Reset.Sub(s.d.Now()))
 	items := []rlItem{{name: policyDaily, q: st.tier.TasksPerDay, w: 86400, r: dec.Remaining, t: reset}}
 	if st.tier.RequestsPerMinute > 0 {
-		items = append(items, rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, r: st.window.Remaining, t: ceilSeconds(st.window.Reset)})
+		it := rlItem{name: policyRPM, q: st.tier.RequestsPerMinute, w: 60, r: st.window.Remaining, t: ceilSeconds(st.window.Reset)}
+		if soft := st.tier.SoftRequests(); st.window.Soft && soft < it.q {
+			it.name, it.q = policySoft, soft
+		}
+		items = append(items, it)
 	}
 	setRateLimit(h, items...)
 }

@@ -15,7 +15,7 @@ import (
 	"faregate/protect/canon"
 )
 
-// Input bounds of a task request (the contract's; the page mirrors them).
+// Input bounds of a task request (the documented ones; the page mirrors them).
 const (
 	destinationMax = 80
 	daysMin        = 1
@@ -35,12 +35,9 @@ type createRequest struct {
 // (InputTrip or InputPrompt, a prompt of at most promptMax code points):
 // 413 for a body that turns out too large, 400 with a message per field.
 func readCreateRequest(r *http.Request, form string, promptMax int) (createRequest, error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	body, err := readBody(r, MaxBody, ErrTooLarge)
 	if err != nil {
-		return createRequest{}, invalid("body", "could not be read")
-	}
-	if len(body) > MaxBody {
-		return createRequest{}, ErrTooLarge
+		return createRequest{}, err
 	}
 	if form == InputPrompt {
 		return parsePromptRequest(body, promptMax)
@@ -181,7 +178,7 @@ func parseCreateRequest(body []byte) (createRequest, error) {
 	return req, nil
 }
 
-// checkText applies the contract's text rule to one field: text holding
+// checkText applies the documented text rule to one field: text holding
 // format or control characters (canon.Check) is refused before anything
 // else sees it; otherwise the text is its NFKC form, trimmed, and must be
 // 1..max code points of it. The returned text is what the model is given

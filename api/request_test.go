@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestCreateRequestText: the contract's text rule on the trip fields (#19
+// TestCreateRequestText: the documented text rule on the trip fields (#19
 // item 7). Format and control characters are refused naming the field;
 // the stored text is NFKC, trimmed, with its case; lengths count the NFKC
 // form.

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"faregate/protect/codes"
+	"faregate/protect/kit/jsonstr"
 )
 
 // Header values shared by every JSON answer. Assigning these slices
@@ -50,7 +51,7 @@ func setRetryAfter(h http.Header, secs int64) {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-// writeErr answers err with the contract's error envelope. The table picks
+// writeErr answers err with the documented error envelope. The table picks
 // status, code, message and Retry-After; the request's state records the
 // code for the access log and the refusal summary. Only 5xx answers are
 // logged one by one (by the access log); the client never sees err's text.
@@ -87,14 +88,20 @@ func (s *server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		if errors.As(err, &pe) {
 			message = spec.message + " (rule: " + pe.Rule + ")"
 		}
+	case codes.DemoBudgetExhausted:
+		if isHourRefusal(err) {
+			message = hourMessage
+		}
+	case codes.RateLimited:
+		message = windowMessage(err)
 	}
 	bp := bufPool.Get().(*[]byte)
 	b := (*bp)[:0]
 	if message != "" {
 		b = append(b, `{"error":{"code":`...)
-		b = strconv.AppendQuote(b, spec.code)
+		b = jsonstr.Append(b, spec.code)
 		b = append(b, `,"message":`...)
-		b = append(b, jsonString(message)...)
+		b = jsonstr.Append(b, message)
 	} else {
 		b = append(b, spec.head...)
 	}
@@ -121,8 +128,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		// Every body here is a plain struct; a failure is a bug.
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = w.Write([]byte(`{"error":{"code":"` + codes.InternalError + `","message":"Something went wrong on our side."}}` + "\n"))
+		defaultErrors.writeBare(w, defaultErrors.internal)
 		return
 	}
 	w.WriteHeader(status)

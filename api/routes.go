@@ -11,7 +11,7 @@ import (
 )
 
 // router is the whole HTTP surface on one screen. The order of the checks
-// matters and follows the contract: the front middleware (id, visitor,
+// matters and follows the operator's manual: the front middleware (id, visitor,
 // connection limit) for everything; then, for /api paths, CORS, and for
 // requests a route serves (others are 404 or 405 whatever their headers)
 // the body's shape from its headers and the principal (a bad key is 401);
@@ -55,9 +55,11 @@ func (s *server) router() http.Handler {
 	}
 
 	// Every other path is the page and its assets (the web handler answers
-	// its own 404s and 405s), but under /api a JSON 404.
+	// its own 404s and 405s), but under /api a JSON 404, and under /v1 one
+	// in the model endpoint's shape, mounted or not (a client of the
+	// built-in planner's deployment gets an answer its SDK reads).
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
-		if s.d.V1 != nil && isV1(req.URL.Path) {
+		if isV1(req.URL.Path) {
 			s.WriteV1Error(w, req, ErrNotFound)
 			return
 		}
@@ -183,6 +185,10 @@ func (s *server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 		}
 		if len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
+		}
+		if s.d.V1 != nil && isV1(path) {
+			s.WriteV1Error(w, r, ErrMethodNotAllowed)
+			return
 		}
 		s.writeErr(w, r, ErrMethodNotAllowed)
 	}

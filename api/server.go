@@ -11,11 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"faregate/agent/alert"
+	"faregate/agent/plancache"
 	"faregate/agent/task"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
-	"faregate/protect/plancache"
 	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/ratelimit"
@@ -36,12 +37,16 @@ type Quota interface {
 	Take(ctx context.Context, s quota.Subject) (quota.Decision, error)
 }
 
-// Limiter is the per-principal request window, failed-check log and token
-// bucket (protect/ratelimit).
+// Limiter is the per-principal request windows, failed-check log, invalid
+// ratio, hourly tokens and token bucket (protect/ratelimit).
 type Limiter interface {
 	Gate(ctx context.Context, r ratelimit.GateRequest) (ratelimit.GateDecision, error)
 	RecordFailedCheck(ctx context.Context, scope, op string, perHour int64) (int64, time.Duration, error)
+	// Record counts a refused creation in the invalid ratio's window,
+	// with its failed check (visitors) in the same round trip.
+	Record(ctx context.Context, n ratelimit.Note) (int64, time.Duration, error)
 	Peek(ctx context.Context, scope string, ratePerMin, need int64) (bool, time.Duration, error)
+	HourRoom(ctx context.Context, scope string, perHour, need int64) (bool, time.Duration, int64, error)
 }
 
 // Budget answers whether a principal can afford one minimal run, and what
@@ -70,14 +75,14 @@ type Follower interface {
 	Follow(ctx context.Context, id, after string, fn func(task.Event) error) error
 }
 
-// ModelHealth reports the model's state (agent.Models).
+// ModelHealth reports the model's state (govern.Models).
 type ModelHealth interface {
 	Status() string
 	Offline() bool
 }
 
 // PlanCache answers a normalised request with a plan cached earlier
-// (protect/plancache).
+// (agent/plancache).
 type PlanCache interface {
 	Get(ctx context.Context, r plancache.Request) (plancache.Plan, bool, error)
 }
@@ -132,6 +137,11 @@ type Limits struct {
 	SiteDailyTokens, DailySpendMicro int64
 	// FailedChecksPerHour refuses a visitor's creations before siteverify.
 	FailedChecksPerHour int64
+	// InvalidRatio refuses a principal's creations while more than that
+	// share of its requests of the last 10 minutes were invalid, once it
+	// made InvalidMinRequests (0: off).
+	InvalidRatio       float64
+	InvalidMinRequests int64
 	// StreamsPerPrincipal and StreamsMax bound concurrent event streams;
 	// StreamMaxDuration is a stream's lifetime.
 	StreamsPerPrincipal, StreamsMax int
@@ -199,6 +209,12 @@ type Deps struct {
 	Tracer trace.Tracer
 	// V1 is the external agent's surface (nil: no /v1 routes).
 	V1 *V1
+	// Alert tells the operator (nil: nobody): invalid_ratio and
+	// principal_throttled, raised by the gate.
+	Alert func(alert.Alert)
+	// WindowNow is the clock of the per-principal windows the Limiter
+	// keeps, which the memory of their refusals must follow (nil: Now).
+	WindowNow func() time.Time
 }
 
 // Server is the whole HTTP API as one handler, with the background work it
@@ -239,14 +255,17 @@ func NewServer(d Deps) *Server {
 	if d.Ready == nil {
 		d.Ready = func(context.Context) error { return nil }
 	}
+	if d.WindowNow == nil {
+		d.WindowNow = d.Now
+	}
 	s := &server{
 		d:        d,
 		m:        newMetrics(d.Registry),
 		errors:   newErrorTable(errorRows()),
 		summary:  newSummary(),
 		streams:  newStreamCaps(d.Limits.StreamsPerPrincipal, d.Limits.StreamsMax),
-		memo:     newDenials(200_000, d.Now),
-		limited:  newDenials(200_000, d.Now),
+		memo:     newDenials(200_000, d.WindowNow),
+		limited:  newDenials(200_000, d.WindowNow),
 		inflight: newInflight(inflightPerPrincipal),
 		ready:    &readiness{probe: d.Ready, now: d.Now},
 		deps:     newDependencies(d.Limits.SummaryInterval, d.Now, d.Logger),

@@ -8,10 +8,10 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"faregate/agent/plancache"
 	"faregate/agent/task"
 	"faregate/protect/aitf"
 	"faregate/protect/budget"
-	"faregate/protect/plancache"
 	"faregate/protect/principal"
 	"faregate/protect/quota"
 	"faregate/protect/turnstile"
@@ -66,6 +66,8 @@ func (s *server) newRecord(r *http.Request, st *state, req createRequest) task.R
 			TokensPerDay:    st.tier.TokensPerDay,
 			TokensPerMinute: st.tier.TokensPerMinute,
 			TierTokens:      s.tierTokens(st.tier),
+			TokensPerHour:   st.tier.TokensPerHour,
+			SoftTokens:      st.tier.SoftTokens(),
 		},
 	}
 	if res, ok := aitf.FromContext(r.Context()); ok {

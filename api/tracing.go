@@ -10,7 +10,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"faregate/protect/tracing"
+	"faregate/protect/kit/tracing"
 )
 
 // Span attributes of faregate's own. Values are bounded: ids, codes and

@@ -12,7 +12,10 @@ import (
 // errNoKey answers GET /api/usage without an API key: usage is per key.
 var errNoKey = errors.New("api: usage needs an API key")
 
-// usageResponse is GET /api/usage: a key's tier, limits and today's use.
+// usageResponse is GET /api/usage: a key's tier, limits and today's use;
+// with an hourly quota, the last hour's use and whether the key is
+// throttled (past the soft share: its request window is the soft one, its
+// model calls go to the fallback model first).
 type usageResponse struct {
 	Principal usagePrincipal `json:"principal"`
 	Tier      string         `json:"tier"`
@@ -20,6 +23,16 @@ type usageResponse struct {
 	Limits    usageLimits    `json:"limits"`
 	Used      usageCounts    `json:"used"`
 	Remaining usageCounts    `json:"remaining"`
+	Throttled bool           `json:"throttled"`
+	Hour      *usageHour     `json:"hour,omitempty"`
+}
+
+// usageHour is the sliding hour's tokens: charged, and held by calls in
+// flight.
+type usageHour struct {
+	Tokens     int64 `json:"tokens"`
+	Remaining  int64 `json:"remaining"`
+	SoftTokens int64 `json:"soft_tokens"`
 }
 
 type usagePrincipal struct {
@@ -28,11 +41,15 @@ type usagePrincipal struct {
 }
 
 type usageLimits struct {
-	TasksPerDay       int64   `json:"tasks_per_day"`
-	TokensPerDay      int64   `json:"tokens_per_day"`
-	TokensPerMinute   int64   `json:"tokens_per_minute"`
-	RequestsPerMinute int64   `json:"requests_per_minute"`
-	MaxSiteShare      float64 `json:"max_site_share"`
+	TasksPerDay           int64   `json:"tasks_per_day"`
+	TokensPerDay          int64   `json:"tokens_per_day"`
+	TokensPerMinute       int64   `json:"tokens_per_minute"`
+	RequestsPerMinute     int64   `json:"requests_per_minute"`
+	RequestsPerSecond     int64   `json:"requests_per_second"`
+	TokensPerHour         int64   `json:"tokens_per_hour"`
+	SoftAt                float64 `json:"soft_at,omitempty"`
+	SoftRequestsPerMinute int64   `json:"soft_requests_per_minute,omitempty"`
+	MaxSiteShare          float64 `json:"max_site_share"`
 }
 
 type usageCounts struct {
@@ -69,14 +86,25 @@ func (s *server) handleUsage() http.Handler {
 		if share <= 0 {
 			share = 1
 		}
-		writeJSON(w, http.StatusOK, usageResponse{
+		out := usageResponse{
 			Principal: usagePrincipal{Kind: principal.KindKey, ID: st.principal.ID},
 			Tier:      st.tier.Name,
 			Day:       day,
 			Limits: usageLimits{TasksPerDay: st.tier.TasksPerDay, TokensPerDay: st.tier.TokensPerDay,
-				TokensPerMinute: st.tier.TokensPerMinute, RequestsPerMinute: st.tier.RequestsPerMinute, MaxSiteShare: share},
+				TokensPerMinute: st.tier.TokensPerMinute, RequestsPerMinute: st.tier.RequestsPerMinute,
+				RequestsPerSecond: st.tier.RequestsPerSecond, TokensPerHour: st.tier.TokensPerHour, MaxSiteShare: share},
 			Used:      usageCounts{Tasks: st.tier.TasksPerDay - dec.Remaining, Tokens: usedTokens},
 			Remaining: usageCounts{Tasks: dec.Remaining, Tokens: max(st.tier.TokensPerDay-usedTokens, 0)},
-		})
+		}
+		if t := st.tier; t.TokensPerHour > 0 {
+			// The request window read the hour in its own round trip.
+			out.Limits.SoftAt, out.Limits.SoftRequestsPerMinute = t.SoftAt, t.SoftRequests()
+			if out.Limits.SoftAt <= 0 {
+				out.Limits.SoftAt = principal.DefaultSoftAt
+			}
+			out.Throttled = st.window.Soft
+			out.Hour = &usageHour{Tokens: st.window.HourUsed, Remaining: max(t.TokensPerHour-st.window.HourUsed, 0), SoftTokens: t.SoftTokens()}
+		}
+		writeJSON(w, http.StatusOK, out)
 	})
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"faregate/agent/gateway"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
+	"faregate/agent/tasklimits"
 	"faregate/protect/budget"
 	"faregate/protect/codes"
 	"faregate/protect/policy"
@@ -43,7 +43,17 @@ type TaskKeys interface {
 	Watch(ctx context.Context, g taskkey.Grant) (context.Context, context.CancelFunc)
 	Event(ctx context.Context, g taskkey.Grant, data []byte) error
 	Result(ctx context.Context, g taskkey.Grant, data []byte) error
-	Tool(ctx context.Context, g taskkey.Grant) error
+}
+
+// TaskLimits counts a task's tool calls and progress events against its
+// limits (agent/tasklimits.Store, which counts its model calls too).
+type TaskLimits interface {
+	Take(ctx context.Context, t tasklimits.Task, kind tasklimits.Kind) error
+}
+
+// limitsTask is g's task as its limits know it.
+func limitsTask(g taskkey.Grant) tasklimits.Task {
+	return tasklimits.Task{ID: g.Task, Deadline: g.Deadline}
 }
 
 // Fetched is a page as /v1/tools/fetch answers it.
@@ -63,16 +73,12 @@ type Fetcher interface {
 	Check(url string) error
 }
 
-// V1Handler serves part of /v1 (the model endpoint) behind the task key:
-// the grant is in the request's context (taskkey.FromContext), and the
-// context ends when the task does. An error it returns before writing
-// anything is answered from the one error table, in the OpenAI shape.
-type V1Handler func(w http.ResponseWriter, r *http.Request) error
-
 // V1 configures the /v1 surface (nil in Deps: there is none).
 type V1 struct {
-	Keys  TaskKeys
-	Fetch Fetcher
+	Keys TaskKeys
+	// Limits counts the fetches and events of a task (required).
+	Limits TaskLimits
+	Fetch  Fetcher
 	// MaxBody is FAREGATE_V1_MAX_BODY (default DefaultV1MaxBody).
 	MaxBody int64
 	// MaxFetchBytes bounds max_bytes of a fetch (default 1 MiB).
@@ -80,9 +86,12 @@ type V1 struct {
 	// ResultWait bounds how long POST result waits for the lease holder
 	// to store the result (default 60 s; at least 4/3 of the lease).
 	ResultWait time.Duration
-	// Models serves /v1/chat/completions, /v1/responses, /v1/embeddings
-	// and GET /v1/models (nil: those paths answer 404).
-	Models V1Handler
+	// Gateway builds the model endpoint (agent/gateway.New), handed the
+	// one /v1 error writer; nil: the model routes are not mounted (404).
+	// Its handlers run behind the task key: the grant is in the request's
+	// context (taskkey.FromContext), and the context ends when the task
+	// does.
+	Gateway func(errs gateway.ErrorWriter) gateway.Handlers
 }
 
 // Bounds of an agent's progress event (code points of the NFKC form).
@@ -91,7 +100,8 @@ const (
 	eventDetailMax = 500
 )
 
-// v1Routes mounts /v1 on r.
+// v1Routes mounts /v1 on r: every path once, on its method, behind the one
+// body gate (gateBody, with the /v1 limit) and the task key.
 func (s *server) v1Routes(r chi.Router) {
 	v := s.d.V1
 	if v.MaxBody <= 0 {
@@ -100,51 +110,63 @@ func (s *server) v1Routes(r chi.Router) {
 	if v.MaxFetchBytes <= 0 {
 		v.MaxFetchBytes = 1 << 20
 	}
-	keyed := r.With(s.v1Body, s.v1Auth)
+	keyed := r.With(gateBody(v.MaxBody, &v1TooLarge{v.MaxBody}, s.WriteV1Error), s.v1Auth)
 	keyed.Method(http.MethodPost, "/v1/tasks/{id}/result", s.handleV1Result())
 	keyed.Method(http.MethodPost, "/v1/tasks/{id}/events", s.handleV1Event())
 	keyed.Method(http.MethodPost, "/v1/tools/fetch", s.handleV1Fetch())
-	if v.Models != nil {
-		h := s.v1Models(v.Models)
-		for _, p := range []string{"/v1/chat/completions", "/v1/responses", "/v1/embeddings"} {
-			keyed.Method(http.MethodPost, p, h)
-		}
-		keyed.Method(http.MethodGet, "/v1/models", h)
-		keyed.Method(http.MethodGet, "/v1/models/*", h)
+	if v.Gateway == nil {
+		return
 	}
+	g := v.Gateway(v1Errors{s})
+	for path, call := range map[string]gateway.Call{
+		"/v1/chat/completions": g.Chat,
+		"/v1/responses":        g.Responses,
+		"/v1/embeddings":       g.Embeddings,
+	} {
+		keyed.Method(http.MethodPost, path, s.v1Call(call))
+	}
+	models, model := g.Models, g.Model
+	if ms := g.Messages; ms != nil {
+		// Claude Code and the Claude Agent SDK add ?beta=true: the router
+		// matches the path alone.
+		keyed.Method(http.MethodPost, "/v1/messages", s.v1Call(ms.Messages))
+		keyed.Method(http.MethodPost, "/v1/messages/count_tokens", s.v1Call(ms.CountTokens))
+		models, model = byWire(ms.Models, g.Models), byWire(ms.Model, g.Model)
+	}
+	keyed.Method(http.MethodGet, "/v1/models", models)
+	// A model id may hold slashes ("meta-llama/Llama-3.1-8B").
+	keyed.Method(http.MethodGet, "/v1/models/*", model)
+}
+
+// byWire serves a request that carries anthropic-version (Anthropic's
+// SDKs send it on every call) with anthropic, any other with openai.
+func byWire(anthropic, openai http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if anthropicClient(r) {
+			anthropic.ServeHTTP(w, r)
+			return
+		}
+		openai.ServeHTTP(w, r)
+	})
+}
+
+// anthropicClient reports whether r comes from an Anthropic client.
+func anthropicClient(r *http.Request) bool { return len(r.Header["Anthropic-Version"]) > 0 }
+
+// v1Call hands a model route the body the gate let through, read once.
+func (s *server) v1Call(call gateway.Call) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := s.readV1Body(r)
+		if err != nil {
+			s.WriteV1Error(w, r, err)
+			return
+		}
+		call(w, r, body)
+	})
 }
 
 // isV1 reports whether path is the /v1 surface's.
 func isV1(path string) bool { return path == "/v1" || strings.HasPrefix(path, "/v1/") }
-
-// v1Body refuses a body by its headers before anything reads it: 415 when
-// it is not JSON, 413 when Content-Length is over FAREGATE_V1_MAX_BODY; a
-// body of unknown length is cut after the limit plus one byte.
-func (s *server) v1Body(next http.Handler) http.Handler {
-	limit := s.d.V1.MaxBody
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			next.ServeHTTP(w, r)
-			return
-		}
-		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-			if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-				refuseBody(w, r)
-				s.WriteV1Error(w, r, ErrUnsupportedMedia)
-				return
-			}
-		}
-		if r.ContentLength > limit {
-			refuseBody(w, r)
-			s.WriteV1Error(w, r, &v1TooLarge{limit})
-			return
-		}
-		if r.ContentLength < 0 && r.Body != nil {
-			r.Body = &capReader{r: r.Body, left: limit + 1}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
 
 // v1TooLarge is a /v1 body over its own limit (the table's sentence names
 // /api's).
@@ -162,9 +184,9 @@ func (e *v1TooLarge) publicMessage() string {
 func (s *server) v1Auth(next http.Handler) http.Handler {
 	keys := s.d.V1.Keys
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, present := policy.BearerToken(r.Header)
-		if !present {
-			s.WriteV1Error(w, r, errNoKey)
+		token, err := v1Key(r.Header)
+		if err != nil {
+			s.WriteV1Error(w, r, err)
 			return
 		}
 		g, err := keys.Authenticate(r.Context(), token)
@@ -181,9 +203,28 @@ func (s *server) v1Auth(next http.Handler) http.Handler {
 		}
 		ctx, done := keys.Watch(r.Context(), g)
 		defer done()
-		ctx = context.WithValue(taskkey.WithGrant(ctx, g), v1WriterKey{}, s)
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(w, r.WithContext(taskkey.WithGrant(ctx, g)))
 	})
+}
+
+// v1Key is the task key a /v1 request carries: as a Bearer token (OpenAI's
+// clients, Claude Code's ANTHROPIC_AUTH_TOKEN) or in x-api-key (Anthropic's
+// SDKs), on every /v1 route. Two different keys are refused, not chosen
+// between: which one a proxy on the way would read is not ours to guess.
+func v1Key(h http.Header) (string, error) {
+	bearer, hasBearer := policy.BearerToken(h)
+	keys := h.Values("X-Api-Key")
+	switch {
+	case len(keys) > 1:
+		return "", taskkey.ErrInvalid
+	case len(keys) == 1 && hasBearer && keys[0] != bearer:
+		return "", taskkey.ErrInvalid
+	case len(keys) == 1:
+		return keys[0], nil
+	case hasBearer:
+		return bearer, nil
+	}
+	return "", errNoKey
 }
 
 // grantPrincipal is the principal a task key acts for, for logs.
@@ -193,32 +234,27 @@ func grantPrincipal(g taskkey.Grant) principal.Principal {
 	return p
 }
 
-// v1Models runs the model endpoint, answering the errors it returns.
-func (s *server) v1Models(h V1Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
-			if st := stateOf(r); st != nil && st.status != 0 {
-				return // it had begun its answer: a stream ends as it may
-			}
-			s.WriteV1Error(w, r, err)
-		}
-	})
-}
-
 // readV1Body reads a body within the /v1 limit.
 func (s *server) readV1Body(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, s.d.V1.MaxBody+1))
-	if err != nil {
-		return nil, invalid("body", "could not be read")
-	}
-	if int64(len(body)) > s.d.V1.MaxBody {
-		return nil, &v1TooLarge{s.d.V1.MaxBody}
-	}
-	return body, nil
+	return readBody(r, s.v1MaxBody(), &v1TooLarge{s.v1MaxBody()})
 }
 
-// decodeV1Object decodes one JSON object of body into v.
+// v1MaxBody is FAREGATE_V1_MAX_BODY, defaulted.
+func (s *server) v1MaxBody() int64 {
+	if s.d.V1.MaxBody > 0 {
+		return s.d.V1.MaxBody
+	}
+	return DefaultV1MaxBody
+}
+
+// decodeV1Object decodes one JSON object of body into v, read exactly
+// as the model routes read theirs: a member name repeated, or one that a
+// case-insensitive decoder would read as another ("URL" for "url"), is
+// refused, not taken as encoding/json would (the last of two, any case).
 func decodeV1Object(body []byte, v any) error {
+	if err := exactNames(body); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
@@ -230,6 +266,16 @@ func decodeV1Object(body []byte, v any) error {
 	return nil
 }
 
+// exactNames refuses a body with a member name that two decoders could
+// read differently (gateway.AmbiguousName). A body that is not JSON
+// passes here and is refused by its decoder.
+func exactNames(body []byte) error {
+	if name, bad := gateway.AmbiguousName(body); bad {
+		return invalid(name, "is repeated or not in lower case; member names here are lower case and appear once")
+	}
+	return nil
+}
+
 // handleV1Result takes the agent's result (or error) for the lease
 // holder: 204, once; 409 task_finished after that.
 func (s *server) handleV1Result() http.Handler {
@@ -237,6 +283,10 @@ func (s *server) handleV1Result() http.Handler {
 		g, _ := taskkey.FromContext(r.Context())
 		body, err := s.readV1Body(r)
 		if err != nil {
+			s.WriteV1Error(w, r, err)
+			return
+		}
+		if err := exactNames(body); err != nil {
 			s.WriteV1Error(w, r, err)
 			return
 		}
@@ -347,6 +397,10 @@ func (s *server) handleV1Event() http.Handler {
 			s.WriteV1Error(w, r, &InvalidError{Fields: fields})
 			return
 		}
+		if err := s.d.V1.Limits.Take(r.Context(), limitsTask(g), tasklimits.Events); err != nil {
+			s.WriteV1Error(w, r, err)
+			return
+		}
 		data, _ := json.Marshal(p)
 		if err := s.d.V1.Keys.Event(r.Context(), g, data); err != nil {
 			s.WriteV1Error(w, r, err)
@@ -358,8 +412,10 @@ func (s *server) handleV1Event() http.Handler {
 
 // v1Fetch is a fetch request.
 type v1Fetch struct {
-	URL      *string      `json:"url"`
-	MaxBytes *json.Number `json:"max_bytes"`
+	URL *string `json:"url"`
+	// MaxBytes is read raw: a json.Number field would also take a
+	// number written as a string ("100").
+	MaxBytes json.RawMessage `json:"max_bytes"`
 }
 
 // handleV1Fetch fetches a public page for the agent, counted against the
@@ -384,8 +440,8 @@ func (s *server) handleV1Fetch() http.Handler {
 			fields["url"] = "must be at most 2048 bytes"
 		}
 		var limit int64
-		if req.MaxBytes != nil {
-			n, err := req.MaxBytes.Int64()
+		if len(req.MaxBytes) > 0 && string(req.MaxBytes) != "null" {
+			n, err := jsonInt(req.MaxBytes)
 			if err != nil || n < 1 || n > s.d.V1.MaxFetchBytes {
 				fields["max_bytes"] = "must be a whole number from 1 to " + strconv.FormatInt(s.d.V1.MaxFetchBytes, 10)
 			}
@@ -403,7 +459,7 @@ func (s *server) handleV1Fetch() http.Handler {
 			s.WriteV1Error(w, r, err)
 			return
 		}
-		if err := s.d.V1.Keys.Tool(r.Context(), g); err != nil {
+		if err := s.d.V1.Limits.Take(r.Context(), limitsTask(g), tasklimits.Tools); err != nil {
 			s.WriteV1Error(w, r, err)
 			return
 		}
@@ -453,29 +509,21 @@ func v1Type(status int, code string) string {
 	return "invalid_request_error"
 }
 
+// v1Errors is the /v1 error writer the gateway is handed (gateway.ErrorWriter):
+// the one error table, in the OpenAI shape.
+type v1Errors struct{ s *server }
+
+func (e v1Errors) WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	e.s.WriteV1Error(w, r, err)
+}
+
+func (e v1Errors) ErrorEvent(r *http.Request, err error) []byte {
+	return e.s.v1ErrorBody(r, e.s.errors.lookup(err), err)
+}
+
 // WriteV1Error answers err on /v1 from the one error table, in the OpenAI
-// shape {"error":{"code","message","type"}}. The model endpoint answers
-// its own refusals through it (or by returning them from its V1Handler).
-func (srv *Server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error) {
-	srv.s.WriteV1Error(w, r, err)
-}
-
-type v1WriterKey struct{}
-
-// WriteV1Error answers err for a /v1 handler behind the task key (the
-// model endpoint), from the one error table in the OpenAI shape, without
-// a reference to the Server: the request carries it.
-func WriteV1Error(w http.ResponseWriter, r *http.Request, err error) {
-	if s, ok := r.Context().Value(v1WriterKey{}).(*server); ok {
-		s.WriteV1Error(w, r, err)
-		return
-	}
-	jsonHeaders(w.Header())
-	w.WriteHeader(http.StatusInternalServerError)
-	_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"Something went wrong on our side.","type":"api_error"}}` + "\n"))
-}
-
-// WriteV1Error is Server.WriteV1Error.
+// shape {"error":{"code","message","type"}}, with the headers its status
+// and code call for.
 func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error) {
 	spec := s.errors.lookup(err)
 	st := stateOf(r)
@@ -484,7 +532,13 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	}
 	h := w.Header()
 	jsonHeaders(h)
-	if taskScoped[spec.code] && spec.status == http.StatusTooManyRequests {
+	if st != nil && st.id != "" && anthropicRoute(r) {
+		h["Request-Id"] = []string{st.id} // where Anthropic's SDKs read it
+	}
+	// The hour's refusal clears as the hour slides, within the task or not:
+	// it is answered with its own wait, as a rate limit.
+	hour := isHourRefusal(err)
+	if taskScoped[spec.code] && spec.status == http.StatusTooManyRequests && !hour {
 		left := time.Second
 		var td interface{ TaskDeadline() time.Time }
 		if errors.As(err, &td) {
@@ -505,6 +559,13 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	if spec.status == http.StatusRequestEntityTooLarge {
 		h["Connection"] = hdrCloseConn // the rest of the body is never read
 	}
+	w.WriteHeader(spec.status)
+	_, _ = w.Write(s.v1ErrorBody(r, spec, err))
+}
+
+// v1ErrorBody is the OpenAI-shaped envelope of err (its table row spec),
+// ending in a newline.
+func (s *server) v1ErrorBody(r *http.Request, spec *errorSpec, err error) []byte {
 	msg := spec.message
 	var pm interface{ publicMessage() string }
 	if errors.As(err, &pm) {
@@ -513,9 +574,14 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	var ex *budget.ExhaustedError
 	if errors.As(err, &ex) {
 		msg = v1BudgetMessage(ex, msg)
+	} else if isHourRefusal(err) {
+		msg = hourMessage
 	}
 	body := map[string]any{"code": spec.code, "message": msg, "type": v1Type(spec.status, spec.code)}
-	if st != nil && st.id != "" {
+	if isHourRefusal(err) {
+		body["type"] = "rate_limit_error"
+	}
+	if st := stateOf(r); st != nil && st.id != "" {
 		body["request_id"] = st.id
 	}
 	// A refused or invalid parameter of the model endpoint is named, as
@@ -529,9 +595,53 @@ func (s *server) WriteV1Error(w http.ResponseWriter, r *http.Request, err error)
 	if spec.code == codes.InvalidRequest && errors.As(err, &ie) {
 		body["fields"] = ie.Fields
 	}
-	raw, _ := json.Marshal(map[string]any{"error": body})
-	w.WriteHeader(spec.status)
-	_, _ = w.Write(append(raw, '\n'))
+	envelope := map[string]any{"error": body}
+	if anthropicRoute(r) {
+		// Anthropic's shape: the type by status as its SDKs read it,
+		// faregate's code beside it, the request id beside the error.
+		body["type"] = anthropicType(spec.status)
+		delete(body, "param")
+		delete(body, "fields")
+		envelope = map[string]any{"type": "error", "error": body}
+		if id, ok := body["request_id"]; ok {
+			delete(body, "request_id")
+			envelope["request_id"] = id
+		}
+	}
+	raw, _ := json.Marshal(envelope)
+	return append(raw, '\n')
+}
+
+// anthropicRoute reports whether r is a Messages route (/v1/messages and
+// its count_tokens), or an Anthropic client's models list, whose errors
+// are in Anthropic's shape.
+func anthropicRoute(r *http.Request) bool {
+	p := r.URL.Path
+	return p == "/v1/messages" || strings.HasPrefix(p, "/v1/messages/") ||
+		((p == "/v1/models" || strings.HasPrefix(p, "/v1/models/")) && anthropicClient(r))
+}
+
+// anthropicType is the error type Anthropic's API gives an answer of
+// status: its SDKs tell errors apart by it.
+func anthropicType(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return codes.RequestTooLarge // Anthropic's type has our code's name
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable:
+		return "overloaded_error"
+	}
+	if status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
 }
 
 // v1BudgetMessage says which budget refused a model call, for the agent's
@@ -561,4 +671,13 @@ func clipMessage(s string) string {
 		i--
 	}
 	return s[:i]
+}
+
+// jsonInt reads raw as a JSON number that is a whole int64: a string, a
+// fraction or an exponent is refused.
+func jsonInt(raw json.RawMessage) (int64, error) {
+	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+		return 0, errors.New("not a JSON number")
+	}
+	return strconv.ParseInt(string(raw), 10, 64)
 }

@@ -9,7 +9,7 @@ import (
 	"faregate/protect/canon"
 )
 
-// plainText applies the contract's text rules (protect/canon) to an
+// plainText applies the documented text rules (protect/canon) to an
 // agent's event text: no format, control or tag characters (tab, newline
 // and carriage return only when multiline), returned trimmed in its NFKC
 // form, whose code points are counted against max.

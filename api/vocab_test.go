@@ -14,7 +14,7 @@ import (
 	"faregate/api"
 )
 
-// pendingCodes are codes the contract names whose producers are not in the
+// pendingCodes are codes the manual names whose producers are not in the
 // API's table yet: the /v1 surface and the external agent's task codes.
 // The documents do not list them (they describe what the server answers
 // today); remove a code from here when its row or its list entry lands in

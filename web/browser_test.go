@@ -164,7 +164,7 @@ func writeJSON(w http.ResponseWriter, status int, v any, hdr map[string]string) 
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// apiError answers with the contract's error envelope.
+// apiError answers with the documented error envelope.
 func apiError(status int, code, retryAfter string, fields map[string]string) func(http.ResponseWriter) {
 	return func(w http.ResponseWriter) {
 		e := map[string]any{"code": code, "message": "server text", "request_id": "req-1"}

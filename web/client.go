@@ -40,7 +40,7 @@ func ClientHandler(fsys fs.FS) (http.Handler, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrClientMissing, err)
 		}
-		files[name] = newFile(body, contentType(name))
+		files[name] = newFile(body, contentType(name), modTime(fsys, name))
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")

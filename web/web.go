@@ -3,6 +3,8 @@
 // "/assets/<version>/<file>", where version is a content hash of all assets,
 // so those answers can be cached for a year. Every answer carries the
 // page's security headers; CSP is exported because the API sets it too.
+// Revalidation (ETag, and Last-Modified when the file system keeps mod
+// times) and ranges are http.ServeContent's; choosing gzip is ours.
 package web
 
 import (
@@ -19,6 +21,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultTurnstileScriptURL is Cloudflare's widget script.
@@ -60,6 +63,9 @@ type file struct {
 	gz    []byte
 	ctype string
 	etag  string
+	// modTime is the file system's (zero when it keeps none, as embed.FS
+	// does: then the answer has no Last-Modified, only the ETag).
+	modTime time.Time
 }
 
 type handler struct {
@@ -85,12 +91,23 @@ func Handler(fsys fs.FS, o Options) (http.Handler, error) {
 		return nil, err
 	}
 	page := bytes.ReplaceAll(indexBody, []byte(AssetPlaceholder), []byte(assetPrefix+version+"/"))
-	return &handler{
-		csp:     cspFor(origin),
-		version: version,
-		index:   newFile(page, "text/html; charset=utf-8"),
-		assets:  assets,
-	}, nil
+	index := newFile(page, "text/html; charset=utf-8", modTime(fsys, indexName))
+	// The served page names the assets' version, so it changes with any
+	// of them: it is as new as the newest file.
+	for _, a := range assets {
+		if a.modTime.After(index.modTime) {
+			index.modTime = a.modTime
+		}
+	}
+	return &handler{csp: cspFor(origin), version: version, index: index, assets: assets}, nil
+}
+
+// modTime is name's modification time, or zero when fsys keeps none.
+func modTime(fsys fs.FS, name string) time.Time {
+	if fi, err := fs.Stat(fsys, name); err == nil {
+		return fi.ModTime()
+	}
+	return time.Time{}
 }
 
 // loadAssets reads every file but index.html. The version hashes names and
@@ -112,7 +129,7 @@ func loadAssets(fsys fs.FS) (map[string]file, string, error) {
 		// Length prefixes keep ("ab","c") and ("a","bc") from hashing alike.
 		fmt.Fprintf(sum, "%d:%s%d:", len(name), name, len(body))
 		sum.Write(body)
-		assets[name] = newFile(body, contentType(name))
+		assets[name] = newFile(body, contentType(name), modTime(fsys, name))
 		return nil
 	})
 	if err != nil {
@@ -121,9 +138,9 @@ func loadAssets(fsys fs.FS) (map[string]file, string, error) {
 	return assets, hex.EncodeToString(sum.Sum(nil))[:versionLength], nil
 }
 
-func newFile(body []byte, ctype string) file {
+func newFile(body []byte, ctype string, mod time.Time) file {
 	h := sha256.Sum256(body)
-	f := file{body: body, ctype: ctype, etag: `"` + hex.EncodeToString(h[:8]) + `"`}
+	f := file{body: body, ctype: ctype, etag: `"` + hex.EncodeToString(h[:8]) + `"`, modTime: mod}
 	if compressible(ctype) {
 		var buf bytes.Buffer
 		// Writes to a bytes.Buffer cannot fail and the level is a valid
@@ -252,8 +269,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sendFile(w, r, f, cacheForever)
 }
 
-// sendFile writes f, gzipped when the client accepts it, and answers a
-// matching If-None-Match with 304.
+// sendFile writes f, gzipped when the client accepts it. http.ServeContent
+// answers the conditions (If-None-Match against the ETag, and
+// If-Modified-Since when the file system keeps mod times: 304; If-Match
+// and If-Unmodified-Since: 412), HEAD, and Range (206, over the encoding
+// sent, as HTTP defines it).
 func sendFile(w http.ResponseWriter, r *http.Request, f file, cache string) {
 	hdr := w.Header()
 	body, etag := f.body, f.etag
@@ -268,17 +288,8 @@ func sendFile(w http.ResponseWriter, r *http.Request, f file, cache string) {
 	}
 	hdr.Set("Cache-Control", cache)
 	hdr.Set("ETag", etag)
-	if etagMatches(r.Header.Get("If-None-Match"), etag) {
-		hdr.Del("Content-Encoding")
-		w.WriteHeader(http.StatusNotModified)
-		return
-	}
 	hdr.Set("Content-Type", f.ctype)
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusOK)
-	if r.Method != http.MethodHead {
-		w.Write(body)
-	}
+	http.ServeContent(w, r, "", f.modTime, bytes.NewReader(body))
 }
 
 // acceptsGzip reads an Accept-Encoding header: gzip (or *) with a q-value
@@ -308,15 +319,4 @@ func acceptsGzip(header string) bool {
 		return q > 0
 	}
 	return star
-}
-
-// etagMatches applies If-None-Match's weak comparison.
-func etagMatches(header, etag string) bool {
-	for tag := range strings.SplitSeq(header, ",") {
-		tag = strings.TrimPrefix(strings.TrimSpace(tag), "W/")
-		if tag == "*" || tag == etag {
-			return true
-		}
-	}
-	return false
 }

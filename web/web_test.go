@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"golang.org/x/net/html"
 
@@ -396,6 +397,54 @@ func TestConditionalGet(t *testing.T) {
 				t.Error("304 with a body")
 			}
 		})
+	}
+}
+
+// TestRangesAndDates: the page's files answer a Range with 206 and the
+// bytes asked for, in the encoding sent; with a file system that keeps
+// mod times they carry Last-Modified (the page: its newest file's, since
+// it names every asset's version) and If-Modified-Since costs a 304; the
+// embedded files, which keep none, carry only the ETag.
+func TestRangesAndDates(t *testing.T) {
+	older := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	newer := older.Add(24 * time.Hour)
+	script := strings.Repeat("console.log('range');\n", 40)
+	h := newHandler(t, fstest.MapFS{
+		"index.html": {Data: []byte(`<script src="{{ASSETS}}app.js"></script>`), ModTime: older},
+		"app.js":     {Data: []byte(script), ModTime: newer},
+	}, Options{})
+	asset := "/assets/" + version(t, h) + "/app.js"
+
+	rec := do(h, http.MethodGet, asset, map[string]string{"Range": "bytes=8-15"})
+	if rec.Code != http.StatusPartialContent || rec.Body.String() != script[8:16] ||
+		rec.Header().Get("Content-Range") != fmt.Sprintf("bytes 8-15/%d", len(script)) {
+		t.Fatalf("Range: %d %q Content-Range %q", rec.Code, rec.Body, rec.Header().Get("Content-Range"))
+	}
+	zipped := do(h, http.MethodGet, asset, map[string]string{"Accept-Encoding": "gzip"}).Body.Bytes()
+	rec = do(h, http.MethodGet, asset, map[string]string{"Range": "bytes=0-9", "Accept-Encoding": "gzip"})
+	if rec.Code != http.StatusPartialContent || !bytes.Equal(rec.Body.Bytes(), zipped[:10]) || rec.Header().Get("Content-Encoding") != "gzip" {
+		t.Fatalf("Range over gzip: %d % x, want the first 10 bytes of % x", rec.Code, rec.Body.Bytes(), zipped[:10])
+	}
+
+	for path, want := range map[string]time.Time{"/": newer, asset: newer} {
+		rec := do(h, http.MethodGet, path, nil)
+		if lm := rec.Header().Get("Last-Modified"); lm != want.Format(http.TimeFormat) {
+			t.Errorf("%s: Last-Modified %q, want %s", path, lm, want.Format(http.TimeFormat))
+		}
+		if rec := do(h, http.MethodGet, path, map[string]string{"If-Modified-Since": want.Format(http.TimeFormat)}); rec.Code != http.StatusNotModified {
+			t.Errorf("%s: If-Modified-Since its own date: %d, want 304", path, rec.Code)
+		}
+		if rec := do(h, http.MethodGet, path, map[string]string{"If-Modified-Since": older.Add(-time.Hour).Format(http.TimeFormat)}); rec.Code != http.StatusOK {
+			t.Errorf("%s: If-Modified-Since an earlier date: %d, want 200", path, rec.Code)
+		}
+	}
+	if lm := do(h, http.MethodGet, "/", map[string]string{"If-None-Match": `"stale"`}).Header().Get("Last-Modified"); lm == "" {
+		t.Error("a 200 to a stale tag lacks Last-Modified")
+	}
+
+	embedded := newHandler(t, Files(), Options{})
+	if rec := do(embedded, http.MethodGet, "/", nil); rec.Header().Get("Last-Modified") != "" || rec.Header().Get("ETag") == "" {
+		t.Errorf("embedded page: Last-Modified %q, ETag %q; want only the ETag", rec.Header().Get("Last-Modified"), rec.Header().Get("ETag"))
 	}
 }
 

@@ -118,6 +118,12 @@ type Usage struct {
 	// (bounded), for the ledger when it is not charged as it stands.
 	Unreadable bool
 	Raw        string
+	// ReasoningTokens is the part of CompletionTokens the provider
+	// reported as reasoning; CacheCreationTokens and CacheReadTokens are
+	// prompt tokens it reported as written to and read from its prompt
+	// cache. Each is 0 where the provider reports none; the ledger
+	// carries them to billing.
+	ReasoningTokens, CacheCreationTokens, CacheReadTokens int64
 }
 
 // Reply is a model's answer to one turn.

@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"faregate/agent/govern"
 	"faregate/agent/offline"
+	"faregate/agent/tasklimits"
 	"faregate/agent/tokens"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // Speed of the endpoint beside its baselines, in one process on the same
@@ -41,15 +43,21 @@ const benchBody = `{"model":"gpt-4o-mini","messages":[{"role":"system","content"
 // left out so the numbers are this package's.
 type passGov struct{ up Upstream }
 
-func (g passGov) Call(ctx context.Context, spec Spec, attempt func(context.Context, Attempt) (Outcome, error)) (Outcome, error) {
+func (g passGov) Call(ctx context.Context, spec govern.Spec, attempt func(context.Context, govern.Attempt) (govern.Outcome, error)) (govern.Result, error) {
+	var end govern.HoldEnd
 	if spec.Hold != nil {
-		release, err := spec.Hold(ctx)
+		e, err := spec.Hold(ctx)
 		if err != nil {
-			return Outcome{}, err
+			return govern.Result{}, err
 		}
-		defer release(ctx, true)
+		end = e
 	}
-	return attempt(ctx, Attempt{Model: spec.Model, Upstream: g.up, MaxOutput: 1000})
+	out, err := attempt(ctx, govern.Attempt{Model: modelOf(spec.Model, g.up), MaxOutput: 1000})
+	res := govern.Result{Outcome: out}
+	if end != nil {
+		end(ctx, res, err)
+	}
+	return res, err
 }
 
 func benchClient() *http.Client {
@@ -70,11 +78,15 @@ func newBench(b *testing.B, upstream http.HandlerFunc) *benchSetup {
 	s.proxy = httptest.NewServer(rp)
 	b.Cleanup(s.proxy.Close)
 	h := New(Options{
-		Governor:   passGov{Upstream{BaseURL: s.upstream.URL + "/v1", Client: benchClient()}},
-		Task:       func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
-		WriteError: writeTestError,
+		Governor: passGov{Upstream{BaseURL: s.upstream.URL + "/v1", Client: benchClient()}},
+
+		Records: testRecords,
+		Task:    func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
+		Errors:  testErrorWriter{},
+		// The repetition cut is on in production (FAREGATE_LOOP_CUT).
+		LoopThreshold: 0.8,
 	})
-	s.gateway = httptest.NewServer(h)
+	s.gateway = httptest.NewServer(testMux(h))
 	b.Cleanup(s.gateway.Close)
 	return s
 }
@@ -155,12 +167,14 @@ func BenchmarkEndpoint(b *testing.B) {
 		redistest.Require(b)
 		rb := redistest.Private(b)
 		h := New(Options{
-			Governor:   passGov{Upstream{BaseURL: s.upstream.URL + "/v1", Client: benchClient()}},
-			Limits:     &RedisLimits{Client: rb.Client, MaxParallel: 64},
-			Task:       func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
-			WriteError: writeTestError,
+			Governor: passGov{Upstream{BaseURL: s.upstream.URL + "/v1", Client: benchClient()}},
+
+			Records: testRecords,
+			Limits:  tasklimits.New(rb.Client, tasklimits.Options{Limits: tasklimits.Limits{Calls: -1, Embeddings: -1, Parallel: 64}}),
+			Task:    func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
+			Errors:  testErrorWriter{},
 		})
-		gw := httptest.NewServer(h)
+		gw := httptest.NewServer(testMux(h))
 		b.Cleanup(gw.Close)
 		run32(b, gw.URL+"/v1/chat/completions", benchBody, false)
 	})
@@ -269,11 +283,23 @@ func BenchmarkHandlerCPU(b *testing.B) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, benchAnswer)
 	}))
-	h := New(Options{
-		Governor:   passGov{Upstream{BaseURL: "http://up/v1", Client: &http.Client{Transport: up}}},
-		Task:       func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
-		WriteError: writeTestError,
-	})
+	for _, loop := range []float64{0, 0.8} {
+		b.Run(map[float64]string{0: "loop cut off", 0.8: "loop cut on"}[loop], func(b *testing.B) {
+			h := New(Options{
+				Governor: passGov{Upstream{BaseURL: "http://up/v1", Client: &http.Client{Transport: up}}},
+
+				Records:       testRecords,
+				Task:          func(*http.Request) (Task, bool) { return Task{ID: "t_bench", Models: []string{testModel}}, true },
+				Errors:        testErrorWriter{},
+				LoopThreshold: loop,
+			})
+			handlerCPU(b, h)
+		})
+	}
+}
+
+// handlerCPU times h's chat route on benchBody, in process.
+func handlerCPU(b *testing.B, h Handlers) {
 	b.ReportAllocs()
 	n, cpu0 := 0, time.Duration(0)
 	for b.Loop() {
@@ -281,10 +307,9 @@ func BenchmarkHandlerCPU(b *testing.B) {
 			cpu0 = cpuTime()
 		}
 		n++
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchBody))
-		req.Header.Set("Content-Type", "application/json")
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
+		h.Chat(w, req, []byte(benchBody))
 		if w.Code != 200 {
 			b.Fatal(w.Code)
 		}

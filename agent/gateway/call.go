@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"faregate/agent/govern"
+	"faregate/agent/tasklimits"
 	"faregate/agent/tokens"
+	"faregate/protect/codes"
+	"faregate/protect/repetition"
 )
 
 // dearerImage is how much more an image (at low detail, with low) may
@@ -29,12 +34,7 @@ func (h *handler) dearerImage(model string, low bool) int64 {
 }
 
 // serveCall answers one governed model call.
-func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind string) {
-	body, err := h.readBody(r)
-	if err != nil {
-		h.o.WriteError(w, r, err)
-		return
-	}
+func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind string, body []byte) {
 	allowed := func(m string) bool { return slices.Contains(t.Models, m) }
 	if kind == KindEmbeddings {
 		allowed = func(m string) bool { return m == h.o.EmbeddingModel }
@@ -43,81 +43,80 @@ func (h *handler) serveCall(w http.ResponseWriter, r *http.Request, t Task, kind
 	if refs <= 0 {
 		refs = DefaultReferenceTokens
 	}
-	c, err := parseCallHolding(kind, body, allowed, refs)
+	c, err := parseCallHolding(kind, body, allowed, refs, h.memo)
 	if err != nil {
-		h.o.WriteError(w, r, err)
+		h.o.Errors.WriteError(w, r, err)
 		return
 	}
-	spec := Spec{TaskID: t.ID, Principal: t.Principal, Tier: t.Tier, Kind: kind,
-		Model: c.model, PromptTokens: c.prompt, MaxOutput: c.maxOut, Stream: c.stream}
+	c.req = r
+	g := governed{kind: kind, model: c.model, prompt: c.prompt, maxOut: c.maxOut}
 	if kind != KindEmbeddings {
-		spec.MinOutput = minOutput(kind, c.model)
+		g.minOut = minOutput(kind, c.model)
 		// An image costs what the model that serves it says (gpt-4o-mini
 		// 33 times gpt-4o): a fallback's dearer images are reserved too.
 		for _, m := range h.o.FallbackModels {
-			spec.MinOutput = max(spec.MinOutput, minOutput(kind, m))
+			g.minOut = max(g.minOut, minOutput(kind, m))
 		}
 		if c.images+c.lowImages > 0 {
-			spec.PromptTokens += c.images*h.dearerImage(c.model, false) + c.lowImages*h.dearerImage(c.model, true)
+			g.prompt += c.images*h.dearerImage(c.model, false) + c.lowImages*h.dearerImage(c.model, true)
 		}
-		if spec.MaxOutput > 0 {
-			spec.MaxOutput = max(spec.MaxOutput, spec.MinOutput)
+		if g.maxOut > 0 {
+			g.maxOut = max(g.maxOut, g.minOut)
 		}
 	}
-	if h.o.RequestID != nil {
-		spec.RequestID = h.o.RequestID(r)
-	}
-	// Embeddings are not model calls in FAREGATE_AGENT_MAX_CALLS' sense
-	// (the contract); their tokens are governed like any other. The slot
-	// is the governor's to take, beside its own bookings (one round trip).
-	hold := &heldSlot{}
-	if kind != KindEmbeddings && h.o.Limits != nil {
-		spec.Hold = func(ctx context.Context) (func(context.Context, bool), error) { return hold.take(ctx, h.o.Limits, t) }
-	}
-	var used, started atomic.Bool
-	var end heldEnd
-	_, err = h.o.Governor.Call(r.Context(), spec, func(ctx context.Context, a Attempt) (Outcome, error) {
-		if spec.Hold != nil && !hold.taken() {
-			return Outcome{}, fmt.Errorf("%w: the governor did not take the call's slot", ErrLimitsUnavailable)
-		}
-		used.Store(true)
-		if started.Load() {
-			// A governor that retries after bytes reached the client
-			// would send a second answer into the first.
-			return Outcome{Started: true}, fmt.Errorf("%w: attempt after the answer started", ErrUpstream)
-		}
-		out, err := h.attempt(ctx, w, c, a, &end)
-		if out.Started {
-			started.Store(true)
-		}
+	h.setDeadline(w, c, t)
+	g.attempt = func(ctx context.Context, a govern.Attempt, end *heldEnd) (govern.Outcome, error) {
+		out, err := h.attempt(ctx, w, c, a, end)
+		out.PromptCounted, out.Exact = c.promptFloor, c.exact(a.Model.Name)
 		return out, err
-	})
-	hold.release(r.Context(), used.Load())
-	// The answer completes for the client only now that the call is
-	// settled and its step written (they ride in the Governor's settle
-	// round trip): an agent that ends its task on the answer's last byte
-	// cannot end it before the call is on the task. It is written whatever
-	// Call returned: a settle that failed must not lose the answer.
-	end.write()
-	switch {
-	case err == nil:
-	case !started.Load() && r.Context().Err() != nil && !errors.Is(err, ErrEndsTask):
-		if why := context.Cause(r.Context()); why != nil && !errors.Is(why, context.Canceled) && !errors.Is(why, context.DeadlineExceeded) {
-			// The request was ended for a reason of its own (the task's
-			// key could not be checked: 503, fail closed; or its task
-			// finished: 409): that reason is the answer.
-			h.o.WriteError(w, r, fmt.Errorf("%w: %w", why, err))
-			break
-		}
-		h.o.WriteError(w, r, fmt.Errorf("%w: %w", ErrCallEnded, err))
-	case !started.Load():
-		h.o.WriteError(w, r, err)
-	default:
-		// The answer went out and was ended well formed; what is left is
-		// for the ledger and the breaker, which the governor has.
-		h.o.Logger.Debug("gateway: call ended after the answer started", "task", t.ID, "err", err)
+	}
+	h.govern(w, r, t, g)
+}
+
+// holdFor is what takes the slot of a call of kind for task t,
+// into hold (nil without limits). Embeddings are not model calls in
+// FAREGATE_AGENT_MAX_CALLS' sense: they have a count of their own
+// (FAREGATE_AGENT_MAX_EMBEDDING_CALLS), and share the slots in flight
+// (FAREGATE_AGENT_MAX_PARALLEL). The slot is the governor's to take,
+// beside its own bookings (one round trip).
+func (h *handler) holdFor(t Task, kind string, hold *heldSlot) func(ctx context.Context) (func(context.Context, bool), error) {
+	if h.o.Limits == nil {
+		return nil
+	}
+	lk := tasklimits.Calls
+	if kind == KindEmbeddings {
+		lk = tasklimits.Embeddings
+	}
+	lt := tasklimits.Task{ID: t.ID, Deadline: t.Deadline}
+	return func(ctx context.Context) (func(context.Context, bool), error) {
+		return hold.take(ctx, h.o.Limits, lt, lk)
 	}
 }
+
+// setDeadline sets the call's deadline: FAREGATE_LLM_TIMEOUT from now,
+// or the task's when that comes first. It bounds every attempt, a
+// stream's whole length included. The server's write timeout does not
+// (it would cut a long stream without an end): the answer may be written
+// until the deadline, and its end after the settle.
+func (h *handler) setDeadline(w http.ResponseWriter, c *call, t Task) {
+	c.deadline, c.taskFirst = h.callDeadline(w, t)
+}
+
+// callDeadline is a call's deadline and whether it is the task's, with
+// the response's write deadline lifted to it (setDeadline).
+func (h *handler) callDeadline(w http.ResponseWriter, t Task) (deadline time.Time, taskFirst bool) {
+	deadline = time.Now().Add(h.o.CallTimeout)
+	if !t.Deadline.IsZero() && t.Deadline.Before(deadline) {
+		deadline, taskFirst = t.Deadline, true
+	}
+	_ = http.NewResponseController(w).SetWriteDeadline(deadline.Add(endGrace))
+	return deadline, taskFirst
+}
+
+// endGrace is how long after its deadline an answer may still be written:
+// a stream's well-formed end, held until the call is settled, and the
+// settle's round trip before it.
+const endGrace = 30 * time.Second
 
 // heldSlot is a call's slot of the task's limits, as the governor took it.
 type heldSlot struct {
@@ -126,7 +125,7 @@ type heldSlot struct {
 	done bool
 }
 
-func (s *heldSlot) take(ctx context.Context, l Limiter, t Task) (func(context.Context, bool), error) {
+func (s *heldSlot) take(ctx context.Context, l Limiter, t tasklimits.Task, kind tasklimits.Kind) (func(context.Context, bool), error) {
 	// One lock section from the check to the set: two takes of one call
 	// (a governor asking again on its fallback) must not both acquire, and
 	// a take after the release must not acquire a slot no one gives back.
@@ -135,12 +134,12 @@ func (s *heldSlot) take(ctx context.Context, l Limiter, t Task) (func(context.Co
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.done {
-		return nil, fmt.Errorf("%w: the call's slot was already given back", ErrLimitsUnavailable)
+		return nil, fmt.Errorf("%w: the call's slot was already given back", tasklimits.ErrUnavailable)
 	}
 	if s.rel != nil {
 		return s.release, nil // one slot per call, however often asked
 	}
-	rel, err := l.Acquire(ctx, t)
+	rel, err := l.Acquire(ctx, t, kind)
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +186,19 @@ func (e *heldEnd) hold(fn func()) {
 	e.mu.Unlock()
 }
 
+// holdJSON holds a whole JSON answer, raw, as the end: written with its
+// length once the call is settled.
+func (e *heldEnd) holdJSON(w http.ResponseWriter, raw []byte) {
+	e.hold(func() {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write(raw); err == nil {
+			_ = http.NewResponseController(w).Flush()
+		}
+	})
+}
+
 // write sends the held end, once.
 func (e *heldEnd) write() {
 	e.mu.Lock()
@@ -199,29 +211,58 @@ func (e *heldEnd) write() {
 }
 
 // attempt makes one try on the upstream the governor chose; the answer's
-// end is left in end, for serveCall to write after the settle.
-func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, end *heldEnd) (Outcome, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // a relay that stops early hangs up on the provider
-	resp, err := h.send(ctx, c, a)
+// end is left in end, for serveCall to write after the settle. The
+// provider's request is the link's (see link): what the call is charged
+// when it ends before the provider's answer depends on how it ended. (An
+// open stream's goroutine keeps the stack its deepest point needed, and
+// the relay's chunk decoding is that point: no frame is added above it.)
+func (h *handler) attempt(ctx context.Context, w http.ResponseWriter, c *call, a govern.Attempt, end *heldEnd) (govern.Outcome, error) {
+	l := newLink(ctx, c.deadline, c.taskFirst, c.stream)
+	defer l.stop() // a relay that stops early hangs up on the provider
+	resp, err := h.send(l, c, a)
 	if err != nil {
-		return Outcome{}, err
+		return l.unanswered(c.prompt, a), err
 	}
 	defer resp.Body.Close()
 	switch {
 	case c.stream && c.kind == KindChat:
-		return h.relayChat(ctx, w, c, a, resp.Body, end)
+		return h.relayChat(l, w, c, a, firstEvent(resp.Body, a.FirstEvent), end)
 	case c.stream:
-		return h.relayResponses(ctx, w, c, a, resp.Body, end)
+		return h.relayResponses(l, w, c, a, firstEvent(resp.Body, a.FirstEvent), end)
 	}
 	// The buffer starts at the answer's declared length (a hint only: the
-	// read is still bounded by MaxAnswer), not at a fixed 16 KiB that most
-	// answers of a few hundred bytes never use.
+	// read is still bounded), not at a fixed 16 KiB that most answers of a
+	// few hundred bytes never use.
 	hint := int64(4 << 10)
 	if resp.ContentLength > 0 {
 		hint = resp.ContentLength + 1
 	}
-	return h.answerJSON(ctx, w, c, a, resp.Body, hint, end)
+	return h.answerJSON(l, w, c, a, resp.Body, hint, end)
+}
+
+// firstEvent is a stream's body that calls mark when its first bytes
+// arrive: the breaker judges a stream on the wait for its first event,
+// and a provider's events start with its first bytes. A JSON answer is
+// not marked (it comes whole; its wait is its length).
+func firstEvent(body io.Reader, mark func()) io.Reader {
+	if mark == nil {
+		return body
+	}
+	return &markFirst{r: body, mark: mark}
+}
+
+type markFirst struct {
+	r    io.Reader
+	mark func()
+}
+
+func (m *markFirst) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if n > 0 && m.mark != nil {
+		m.mark()
+		m.mark = nil
+	}
+	return n, err
 }
 
 // upstreamPath is the provider path of each kind, under its base URL.
@@ -231,11 +272,22 @@ var upstreamPath = map[string]string{
 	KindEmbeddings: "/embeddings",
 }
 
-// send posts the patched request and checks the status.
-func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response, error) {
-	u := strings.TrimRight(a.Upstream.BaseURL, "/") + upstreamPath[c.kind]
-	sent := newSentBody(c.body(a))
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, sent.reader())
+// send posts the patched request on l and checks the status.
+func (h *handler) send(l *link, c *call, a govern.Attempt) (*http.Response, error) {
+	u := strings.TrimRight(a.Model.BaseURL, "/") + upstreamPath[c.kind]
+	return post(l, upstreamOf(a.Model), u, c.body(a, h.o.LegacyMaxTokens), c.stream, func(hd http.Header) {
+		if a.Model.APIKey != "" {
+			hd.Set("Authorization", "Bearer "+a.Model.APIKey)
+		}
+	})
+}
+
+// post sends body to the upstream's URL u on l, its headers set by auth,
+// and checks the status: every wire's one way to a provider, so a
+// hang-up, a deadline or a refusal means the same on each.
+func post(l *link, up Upstream, u string, body []byte, stream bool, auth func(http.Header)) (*http.Response, error) {
+	sent := newSentBody(body)
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(l.ctx, l.trace()), http.MethodPost, u, sent.reader())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
 	}
@@ -245,25 +297,33 @@ func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response,
 	// whole life), and must not hold the prompt with it.
 	defer sent.forget()
 	req.Header.Set("Content-Type", "application/json")
-	if c.stream {
+	if stream {
 		req.Header.Set("Accept", "text/event-stream")
 	} else {
 		req.Header.Set("Accept", "application/json")
 	}
-	if a.Upstream.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+a.Upstream.APIKey)
-	}
-	client := a.Upstream.Client
+	auth(req.Header)
+	client := up.Client
 	if client == nil {
 		client = http.DefaultClient
 	}
+	if client.Timeout > 0 {
+		// The link's deadline is the call's (and says why it ended); the
+		// client's own timeout, the same FAREGATE_LLM_TIMEOUT, would end
+		// a stream as a broken one.
+		cl := *client
+		cl.Timeout = 0
+		client = &cl
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if l.ctx.Err() != nil {
+			return nil, l.err()
 		}
-		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
+		// Wrapped, not flattened: the breaker reads a timeout off it.
+		return nil, fmt.Errorf("%w: %w", ErrUpstream, err)
 	}
+	l.sent.Store(true) // answered: it had the request whole
 	if resp.StatusCode/100 == 2 {
 		return resp, nil
 	}
@@ -273,7 +333,7 @@ func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response,
 	resp.Body.Close()
 	ue := &UpstreamError{Status: resp.StatusCode, err: ErrUpstream}
 	switch resp.StatusCode {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
 		ue.err = ErrUpstreamInvalid
 	}
 	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
@@ -285,7 +345,7 @@ func (h *handler) send(ctx context.Context, c *call, a Attempt) (*http.Response,
 // forget drops the parsed request (and with it the client's body) once
 // the answer has started: no other attempt can follow (serveCall refuses
 // one), so the body is never encoded again.
-func (c *call) forget() { c.obj, c.streamOptions = nil, nil }
+func (c *call) forget() { c.obj, c.streamOptions, c.split = nil, nil, splitBody{} }
 
 // sentBody is a request body that lets go of its bytes: the transport
 // reads it once, and rewinds it (GetBody) only to send it again on a fresh
@@ -354,11 +414,13 @@ func (d *dropReader) Close() error {
 type answer struct {
 	Model   string `json:"model"`
 	Choices []struct {
-		Message chatDelta `json:"message"`
+		Message      chatDelta `json:"message"`
+		FinishReason *string   `json:"finish_reason"`
 	} `json:"choices"`
-	Output []respItem       `json:"output"`
-	Usage  *json.RawMessage `json:"usage"`
-	Error  json.RawMessage  `json:"error"`
+	Output     []respItem       `json:"output"`
+	Incomplete *respIncomplete  `json:"incomplete_details"`
+	Usage      *json.RawMessage `json:"usage"`
+	Error      json.RawMessage  `json:"error"`
 }
 
 // decode decodes raw into a, its messages' tool calls included.
@@ -406,50 +468,155 @@ func (it *respItem) count(oc *outCounter) {
 	}
 }
 
-// answerJSON relays a non-streamed answer: read within MaxAnswer, checked,
-// counted, and held in end to be sent on byte for byte once settled.
-func (h *handler) answerJSON(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, hint int64, end *heldEnd) (Outcome, error) {
-	raw, err := readAtMost(body, hint, h.o.MaxAnswer)
+// answerJSON relays a non-streamed answer: read within its bound
+// (answerBound), checked, counted, cut when it passed its reservation or
+// loops (cut.go), and held in end to be sent on once settled.
+func (h *handler) answerJSON(l *link, w http.ResponseWriter, c *call, a govern.Attempt, body io.Reader, hint int64, end *heldEnd) (govern.Outcome, error) {
+	raw, out, err := readAnswer(l, body, hint, h.answerBound(c, a), c.prompt, a)
 	if err != nil {
-		if ctx.Err() != nil {
-			return Outcome{}, ctx.Err()
-		}
-		// An answer past the bound may have cost up to the limit; nothing
-		// of it passed.
-		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer: %v", ErrUpstream, err)
+		return out, err
 	}
 	var ans answer
 	if err := ans.decode(raw); err != nil || ans.Error != nil && !isNull(ans.Error) {
-		return Outcome{Counted: a.MaxOutput}, fmt.Errorf("%w: answer is not a %s result", ErrUpstream, c.kind)
+		return govern.Outcome{Counted: a.MaxOutput, Sent: true}, fmt.Errorf("%w: answer is not a %s result", ErrUpstream, c.kind)
 	}
-	// A report-less answer is settled on this count, so it uses the
-	// model's tokenizer; beside a report it is a check only, and the
-	// bound (far cheaper, never lower) serves.
-	model := a.Model
-	if ans.Usage != nil && !isNull(*ans.Usage) {
-		model = ""
-	}
-	oc := newOutCounter(model)
+	// Counted with the model's tokenizer, report or not: a report is
+	// charged at least this count (budget.Charged).
+	oc := newOutCounter(a.Model.Name)
+	refused := respRefused(ans.Incomplete, ans.Output)
 	for _, ch := range ans.Choices {
 		oc.cut()
 		oc.kind = 0
 		ch.Message.count(oc)
+		refused = refused || chatRefused(ch.FinishReason, &ch.Message)
 	}
 	for i := range ans.Output {
 		ans.Output[i].count(oc)
 	}
-	out := Outcome{Counted: oc.Tokens(), Model: boundedName(ans.Model)}
+	out = govern.Outcome{Counted: oc.Tokens(), Answered: boundedName(ans.Model), Sent: true, Refused: refused}
 	out.Usage = h.usage(c, ans.Usage, out.Counted)
-	out.Started = true
-	end.hold(func() {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
-		w.WriteHeader(http.StatusOK)
-		if _, err := w.Write(raw); err == nil {
-			_ = http.NewResponseController(w).Flush()
+	if c.kind != KindEmbeddings {
+		over := a.MaxOutput > 0 && out.Counted > satAdd(a.MaxOutput, overTolerance(a.MaxOutput, oc.enc.Known()))
+		var loop *repetition.Detector
+		if ans.loopBytes() >= loopStartBytes {
+			loop = h.loopDetector() // a shorter answer cannot loop
 		}
-	})
+		if over || loop != nil && ans.loops(loop) {
+			limit := int64(0)
+			if over {
+				limit = a.MaxOutput
+			}
+			cut, looped, err := cutAnswer(raw, c.kind, a.Model.Name, limit, h.loopDetector())
+			if err != nil {
+				return out, fmt.Errorf("%w: %s answer of %d output tokens on a reservation of %d", ErrUpstreamAnswer, c.kind, out.Counted, a.MaxOutput)
+			}
+			if len(cut) != len(raw) || looped {
+				raw, out.Truncated = cut, true
+				if looped {
+					out.Cut = codes.OutputLoop
+				}
+			}
+		}
+	}
+	out.Started = true
+	end.holdJSON(w, raw)
 	return out, nil
+}
+
+// readAnswer reads a non-streamed answer within bound, for every wire's
+// JSON relay; when it cannot, the outcome the attempt reports: the link's
+// end (the agent's hang-up, the task's end, the deadline) as unanswered;
+// an answer past the bound, which may have cost up to the limit and more
+// than could be counted, or one that broke off, the whole reservation
+// (nothing of it passed).
+func readAnswer(l *link, body io.Reader, hint, bound, prompt int64, a govern.Attempt) ([]byte, govern.Outcome, error) {
+	raw, err := readAtMost(body, hint, bound)
+	switch {
+	case err == nil:
+		return raw, govern.Outcome{}, nil
+	case l.ended() != "":
+		return nil, l.unanswered(prompt, a), l.err()
+	case errors.Is(err, errTooLong):
+		return nil, govern.Outcome{Counted: a.MaxOutput, Sent: true}, fmt.Errorf("%w: an answer over %d bytes", ErrUpstreamAnswer, bound)
+	}
+	return nil, govern.Outcome{Counted: a.MaxOutput, Sent: true}, fmt.Errorf("%w: answer: %v", ErrUpstream, err)
+}
+
+// answerBound is the most a non-streamed answer of c on a may hold: the
+// bound a stream of its reservation has (4 KiB a reserved output token,
+// 1 MiB, and the request's echo), MaxAnswer for embeddings (no output).
+func (h *handler) answerBound(c *call, a govern.Attempt) int64 {
+	if c.kind == KindEmbeddings || a.MaxOutput <= 0 {
+		return h.o.MaxAnswer
+	}
+	return streamBound(a.MaxOutput, c.echo())
+}
+
+// loopDetector is a fresh repetition detector for one answer, nil when
+// the loop cut is off.
+func (h *handler) loopDetector() *repetition.Detector {
+	if h.o.LoopThreshold <= 0 {
+		return nil
+	}
+	return repetition.New(0, 0, h.o.LoopThreshold)
+}
+
+// loopBytes is the size of the texts loops reads.
+func (a *answer) loopBytes() int {
+	n := 0
+	for _, ch := range a.Choices {
+		m := &ch.Message
+		if m.Content != nil {
+			n += len(*m.Content)
+		}
+		for _, tc := range m.ToolCalls {
+			n += len(tc.fn.Arguments)
+		}
+		n += len(m.function.Arguments)
+	}
+	for _, it := range a.Output {
+		n += len(it.Arguments)
+		for _, p := range it.Content {
+			n += len(p.Text)
+		}
+	}
+	return n
+}
+
+// loops reports whether the answer's content or tool-call arguments loop,
+// fed to d in the order cutAnswer reads them.
+func (a *answer) loops(d *repetition.Detector) bool {
+	feed := func(s string) bool {
+		if s == "" {
+			return false
+		}
+		return d.Write([]byte(s)) || d.Write([]byte{'\n'})
+	}
+	for _, ch := range a.Choices {
+		m := &ch.Message
+		if m.Content != nil && feed(*m.Content) {
+			return true
+		}
+		for _, tc := range m.ToolCalls {
+			if feed(tc.fn.Arguments) {
+				return true
+			}
+		}
+		if feed(m.function.Arguments) {
+			return true
+		}
+	}
+	for _, it := range a.Output {
+		if feed(it.Arguments) {
+			return true
+		}
+		for _, p := range it.Content {
+			if feed(p.Text) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // usageReport is every usage shape: chat and embeddings (prompt_tokens,
@@ -473,12 +640,12 @@ type usageReport struct {
 // them. Without a report the usage is this package's estimate, marked so;
 // a report that cannot be read is the estimate too, marked Unreadable, so
 // that it is not charged as a missing one would be (at the count alone).
-func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
-	est := Usage{Prompt: c.prompt, Completion: counted}
+func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) govern.Usage {
+	est := govern.Usage{Prompt: c.prompt, Completion: counted}
 	if raw == nil || isNull(*raw) {
 		return est
 	}
-	unreadable := Usage{Prompt: c.prompt, Completion: counted, Reported: true, Unreadable: true, Raw: boundedRaw(*raw)}
+	unreadable := govern.Usage{Prompt: c.prompt, Completion: counted, Reported: true, Unreadable: true, Raw: boundedRaw(*raw)}
 	var u usageReport
 	if json.Unmarshal(*raw, &u) != nil {
 		return unreadable
@@ -502,10 +669,11 @@ func (h *handler) usage(c *call, raw *json.RawMessage, counted int64) Usage {
 	}
 	// Reasoning is output; a provider that reports more reasoning than
 	// output has left it out of the output count.
-	if r, ok := pick(u.CompletionDetail.Reasoning, u.OutputDetail.Reasoning); ok && r > o {
+	r, okR := pick(u.CompletionDetail.Reasoning, u.OutputDetail.Reasoning)
+	if okR && r > o {
 		o = satAdd(o, r)
 	}
-	return Usage{Prompt: p, Completion: o, Reported: true, Raw: boundedRaw(*raw)}
+	return govern.Usage{Prompt: p, Completion: o, Reported: true, Raw: boundedRaw(*raw), Reasoning: min(max(r, 0), max(o, 0))}
 }
 
 // clampInt turns a reported number into int64 without overflow; a

@@ -9,12 +9,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"faregate/agent/tasklimits"
 )
 
 // countingLimiter counts its acquisitions and releases.
 type countingLimiter struct{ acquired, released atomic.Int64 }
 
-func (l *countingLimiter) Acquire(context.Context, Task) (func(context.Context, bool), error) {
+func (l *countingLimiter) Acquire(context.Context, tasklimits.Task, tasklimits.Kind) (func(context.Context, bool), error) {
 	l.acquired.Add(1)
 	return func(context.Context, bool) { l.released.Add(1) }, nil
 }
@@ -28,7 +30,7 @@ func TestHeldSlotOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
-			if _, err := s.take(context.Background(), l, limitTask("t_held")); err != nil {
+			if _, err := s.take(context.Background(), l, tasklimits.Task{ID: "t_held"}, tasklimits.Calls); err != nil {
 				t.Error(err)
 			}
 		})
@@ -42,8 +44,8 @@ func TestHeldSlotOnce(t *testing.T) {
 	if got := l.released.Load(); got != 1 {
 		t.Fatalf("released %d times, want 1", got)
 	}
-	if _, err := s.take(context.Background(), l, limitTask("t_held")); !errors.Is(err, ErrLimitsUnavailable) {
-		t.Fatalf("a take after the release: %v, want ErrLimitsUnavailable", err)
+	if _, err := s.take(context.Background(), l, tasklimits.Task{ID: "t_held"}, tasklimits.Calls); !errors.Is(err, tasklimits.ErrUnavailable) {
+		t.Fatalf("a take after the release: %v, want tasklimits.ErrUnavailable", err)
 	}
 	if got := l.acquired.Load(); got != 1 {
 		t.Fatalf("a take after the release acquired again (%d)", got)
@@ -53,7 +55,7 @@ func TestHeldSlotOnce(t *testing.T) {
 	// give back, and nothing taken afterwards.
 	var early heldSlot
 	early.release(context.Background(), false)
-	if _, err := early.take(context.Background(), l, limitTask("t_held2")); err == nil || l.acquired.Load() != 1 {
+	if _, err := early.take(context.Background(), l, tasklimits.Task{ID: "t_held2"}, tasklimits.Calls); err == nil || l.acquired.Load() != 1 {
 		t.Fatalf("a take after an early release: %v, %d acquired", err, l.acquired.Load())
 	}
 }

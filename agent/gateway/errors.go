@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"faregate/protect/breaker"
 )
 
 // Refusals of the model endpoint. The integrator's error table maps each to
@@ -16,46 +18,36 @@ var (
 	// ErrNotFound: no such /v1 route, or /v1/embeddings with no embedding
 	// model configured. 404 not_found.
 	ErrNotFound = errors.New("gateway: no such endpoint")
-	// ErrMethodNotAllowed: a known path with another method. 405
-	// method_not_allowed (Allow is set before the writer is called).
-	ErrMethodNotAllowed = errors.New("gateway: method not allowed")
 	// ErrInvalidRequest: the body is not a JSON object, a field has the
 	// wrong type, or a field appears twice. 400 invalid_request.
 	ErrInvalidRequest = errors.New("gateway: invalid request")
-	// ErrUnsupportedMedia: a Content-Type other than JSON. 415
-	// unsupported_media_type.
-	ErrUnsupportedMedia = errors.New("gateway: unsupported media type")
-	// ErrTooLarge: the body is over Options.MaxBody. 413 request_too_large.
-	ErrTooLarge = errors.New("gateway: request body too large")
 	// ErrModelNotAllowed: the model is not one GET /v1/models lists for
 	// the key. 400 model_not_allowed.
 	ErrModelNotAllowed = errors.New("gateway: model not allowed")
 	// ErrUnsupportedParameter: a field that changes the cost in a way a
 	// reservation cannot see. 400 unsupported_parameter (see ParamError).
 	ErrUnsupportedParameter = errors.New("gateway: unsupported parameter")
-	// ErrStepLimit: the task has made FAREGATE_AGENT_MAX_CALLS model
-	// calls. 429 step_limit, type insufficient_quota (cannot clear before
-	// the task ends).
-	ErrStepLimit = errors.New("gateway: the task has no model calls left")
-	// ErrTooManyCalls: FAREGATE_AGENT_MAX_PARALLEL calls of the task are in
-	// flight. 429 too_many_calls, type rate_limit_error, Retry-After 1.
-	ErrTooManyCalls = errors.New("gateway: too many model calls of the task in flight")
-	// ErrLimitsUnavailable: the per-task limits could not be checked
-	// (Redis failed). 503 demo_protection_unavailable: fail closed.
-	ErrLimitsUnavailable = errors.New("gateway: per-task limits unavailable")
 	// ErrCallEnded: the call's context ended before an answer started —
 	// the task ended (its grant is cancelled) or the client left. 409
 	// task_finished (a client that left reads nothing).
 	ErrCallEnded = errors.New("gateway: the call ended before it was answered")
 	// ErrUpstreamInvalid: the model provider refused the request as
-	// invalid (400, 404, 413, 422). 400 invalid_request. It is the
-	// caller's request, not the provider's health: no breaker failure.
+	// invalid (400, 404, 409, 413, 422). 400 invalid_request. It is the
+	// caller's request, not the provider's health: its UpstreamError
+	// tells the breaker so (breaker.CallerFault), and it is not counted.
 	ErrUpstreamInvalid = errors.New("gateway: the model provider refused the request")
-	// ErrUpstream: the model provider failed (connection, 401/403/429,
-	// 5xx, an answer that is not what the wire promises). The governor
-	// counts it for the breaker and may try the fallback while Started is
-	// false; what reaches the writer maps to 503 model_unavailable.
+	// ErrUpstream: the model provider failed (connection, 401/403/408/429,
+	// 5xx, an answer that is not what the wire promises). The breaker
+	// counts it (a 429 at most once per its Retry-After) and the governor
+	// may try the fallback while Started is false; what reaches the writer
+	// maps to 503 model_unavailable.
 	ErrUpstream = errors.New("gateway: the model provider failed")
+	// ErrUpstreamAnswer: the model provider's answer passed its
+	// reservation (or the answer bound) and cannot be cut well formed
+	// (several choices, texts that are not strings, an answer too large to
+	// read whole). 502 upstream_invalid. The call is charged what the
+	// provider produced.
+	ErrUpstreamAnswer = errors.New("gateway: the model provider's answer cannot be relayed within its reservation")
 	// ErrEndsTask marks a refusal that ends the task itself (an input
 	// spike): the task's end then cuts the call's request while its answer
 	// is being written, and the refusal, not that cut (409 task_finished),
@@ -92,19 +84,9 @@ func invalid(field, reason string) error {
 	return &ParamError{Err: ErrInvalidRequest, Field: field, Reason: reason}
 }
 
-// retryError carries a Retry-After with its sentinel, in the shape the
-// api package's writer reads (Unwrap and RetryAfter).
-type retryError struct {
-	err   error
-	after time.Duration
-}
-
-func (e *retryError) Error() string             { return e.err.Error() }
-func (e *retryError) Unwrap() error             { return e.err }
-func (e *retryError) RetryAfter() time.Duration { return e.after }
-
 // UpstreamError is a provider answer with a status other than 2xx. It
-// unwraps to ErrUpstreamInvalid or ErrUpstream.
+// unwraps to ErrUpstreamInvalid or ErrUpstream, and tells the breaker
+// whose fault it is (breaker.Judged).
 type UpstreamError struct {
 	Status int
 	// RetryAfter is the provider's Retry-After, if it sent one (bounded).
@@ -121,3 +103,11 @@ func (e *UpstreamError) Unwrap() error { return e.err }
 
 // RetryAfter is the provider's Retry-After (0 when none).
 func (e *UpstreamError) RetryAfter() time.Duration { return e.After }
+
+// BreakerFault implements breaker.Judged: the status decides.
+func (e *UpstreamError) BreakerFault() breaker.Fault { return breaker.StatusFault(e.Status) }
+
+var _ breaker.Judged = (*UpstreamError)(nil)
+
+// HTTPStatus is the provider's status, for the ledger.
+func (e *UpstreamError) HTTPStatus() int { return e.Status }

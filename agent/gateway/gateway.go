@@ -4,6 +4,12 @@
 // OpenAI clients, every call one governed model call of the task the
 // request's key belongs to.
 //
+// The gateway routes nothing and reads no request body: New returns one
+// handler per route (Handlers), which the router (package api) mounts on
+// its method and path after gating the body once (media type and size)
+// and checking the task key. Every refusal is written by the error writer
+// the router hands New (Options.Errors), in the route's wire shape.
+//
 // The request is forwarded as received with only the governed fields
 // patched (model, the output limit, stream_options); it is never decoded
 // into typed structs and re-encoded, so fields other providers understand
@@ -12,6 +18,16 @@
 // counted as they pass (content, refusals, tool-call names and arguments,
 // reasoning alike) and cut at the attempt's output limit, ending well
 // formed for the official clients' stream readers.
+//
+// A JSON answer is counted before it is relayed, and cut to its
+// reservation (or refused) when it passed it, as a stream is (cut.go);
+// the repetition cut reads streams and JSON answers alike
+// (Options.LoopThreshold). Once a request has been written to the
+// provider it is billed whatever happens next: the provider's request is
+// a link of its own, not cancelled with the agent's (link.go), so an
+// agent that hangs up on a stream has it read on to its usage, and every
+// call that ends before the provider's answer reports what it is to be
+// charged and why (govern.Outcome.Ended).
 //
 // An answer completes for the client only once the Governor's Call has
 // returned, its settle (and the task's model step) done: a JSON answer is
@@ -24,25 +40,23 @@
 // The package owns none of the budget: a Governor (the same governed call
 // the built-in agent makes) reserves, paces, picks the primary or fallback
 // upstream and settles; this package makes the attempt it is handed and
-// reports what passed. Per-task call and parallelism limits are a Limiter
-// (RedisLimits across replicas).
+// reports what passed. Per-task call, embedding-call and parallelism
+// limits are a Limiter (agent/tasklimits across replicas).
 //
 // Refusals and the code the integrator's error table gives them:
 //
-//	ErrNoTask                401 invalid_api_key            authentication_error
-//	ErrNotFound              404 not_found                  invalid_request_error
-//	ErrMethodNotAllowed      405 method_not_allowed         invalid_request_error
-//	ErrInvalidRequest        400 invalid_request            invalid_request_error (ParamError names the field)
-//	ErrUnsupportedMedia      415 unsupported_media_type     invalid_request_error
-//	ErrTooLarge              413 request_too_large          invalid_request_error
-//	ErrModelNotAllowed       400 model_not_allowed          invalid_request_error
-//	ErrUnsupportedParameter  400 unsupported_parameter      invalid_request_error (ParamError names the field)
-//	ErrStepLimit             429 step_limit                 insufficient_quota (x-should-retry: false)
-//	ErrTooManyCalls          429 too_many_calls             rate_limit_error, Retry-After 1
-//	ErrLimitsUnavailable     503 demo_protection_unavailable api_error
-//	ErrCallEnded             409 task_finished              invalid_request_error
-//	ErrUpstreamInvalid       400 invalid_request            invalid_request_error
-//	ErrUpstream              503 model_unavailable          api_error
+//	ErrNoTask                   401 invalid_api_key             authentication_error
+//	ErrNotFound                 404 not_found                   invalid_request_error
+//	ErrInvalidRequest           400 invalid_request             invalid_request_error (ParamError names the field)
+//	ErrModelNotAllowed          400 model_not_allowed           invalid_request_error
+//	ErrUnsupportedParameter     400 unsupported_parameter       invalid_request_error (ParamError names the field)
+//	tasklimits.ErrStepLimit     429 step_limit                  insufficient_quota (x-should-retry: false)
+//	tasklimits.ErrTooManyCalls  429 too_many_calls              rate_limit_error, Retry-After 1
+//	tasklimits.ErrUnavailable   503 demo_protection_unavailable api_error
+//	ErrCallEnded                409 task_finished               invalid_request_error
+//	ErrUpstreamInvalid          400 invalid_request             invalid_request_error
+//	ErrUpstream                 503 model_unavailable           api_error
+//	ErrUpstreamAnswer           502 upstream_invalid            api_error
 package gateway
 
 import (
@@ -50,11 +64,17 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
+
+	"faregate/agent/govern"
+	"faregate/agent/task"
+	"faregate/agent/taskkey"
+	"faregate/agent/tasklimits"
+	"faregate/protect/kit/memo"
+	"faregate/protect/ratelimit"
 )
 
 // Kinds of governed call.
@@ -64,106 +84,33 @@ const (
 	KindEmbeddings = "embeddings"
 )
 
-// Governor makes one governed model call: bucket and input spike, reserve,
-// pace, breaker and fallback, then attempt (once, or again on the fallback
-// while nothing reached the client), settle, ledger, step. Its refusals
-// come back from Call as errors the handler passes to the error writer
-// unchanged. Call must settle the Outcome the attempt returns even when the
-// attempt also returns an error (a cut or broken stream still spent).
-//
-// When Spec.Hold is set (the task's call and parallelism limits), Call
-// takes it before the upstream call, in the same round trip as its own
-// bookings if it can, returns its refusal unchanged, and calls its release
-// once, with the settle if it can. An attempt made before the hold was
-// taken is refused (fail closed), and a release the Governor did not call
-// is called when Call returns.
+// Governor makes one governed model call (agent/govern.Governor): bucket
+// and input spike, reserve, pace, breaker and fallback, then the attempt
+// (once, or again on the fallback while nothing reached the client),
+// settle, ledger, and govern.Spec.After (the call's step). Its refusals come
+// back from Call as errors (governError maps them for the error writer).
+// Call settles the govern.Outcome the attempt returns even when the attempt also
+// returns an error (a cut or broken stream still spent), takes govern.Spec.Hold
+// (the task's call slot) in its first round trip and ends it with the
+// settle.
 type Governor interface {
-	Call(ctx context.Context, spec Spec, attempt func(ctx context.Context, a Attempt) (Outcome, error)) (Outcome, error)
+	Call(ctx context.Context, spec govern.Spec, attempt func(ctx context.Context, a govern.Attempt) (govern.Outcome, error)) (govern.Result, error)
 }
 
-// Spec describes a call before it is made.
-type Spec struct {
-	TaskID, RequestID, Principal, Tier string
-	// Kind is KindChat, KindResponses or KindEmbeddings.
-	Kind string
-	// Model is the model the client asked for.
-	Model string
-	// PromptTokens is the prompt as counted here (agent/tokens: the
-	// model's tokenizer where known, else its conservative bound).
-	PromptTokens int64
-	// MaxOutput is the output limit the client asked for, raised to
-	// MinOutput; 0 = none.
-	MaxOutput int64
-	// MinOutput is the least output limit the provider takes (16 for a
-	// Responses call to an OpenAI model, else 1): the least a call may be
-	// reserved and sent with. Sending more than is reserved would let an
-	// honest provider bill past the reservation, unseen when the stream is
-	// cut; a call that cannot afford its prompt and MinOutput is refused.
-	MinOutput int64
-	// Stream: the client asked for SSE.
-	Stream bool
-	// Hold takes the call's slot of the task's limits (nil: none; it is
-	// set for chat and responses calls when Options.Limits is): release's
-	// used is false when no attempt was made (the call is then not
-	// counted); its ctx is the round trip's it rides in. See Governor.
-	Hold func(ctx context.Context) (release func(ctx context.Context, used bool), err error)
-}
-
-// Upstream is where an attempt goes.
+// Upstream is where an attempt goes: the model's upstream as the
+// governor names it (govern.Model), or count_tokens' on an Anthropic
+// upstream.
 type Upstream struct {
-	// BaseURL is the OpenAI-compatible API base ("https://api.openai.com/v1").
+	// BaseURL is the API base ("https://api.openai.com/v1").
 	BaseURL string
 	APIKey  string
 	// Client makes the request (the offline model: an in-process Transport).
 	Client *http.Client
 }
 
-// Attempt is what the governor grants one try.
-type Attempt struct {
-	// Model is the name sent upstream (primary or fallback).
-	Model    string
-	Upstream Upstream
-	Fallback bool
-	// MaxOutput is the output limit sent upstream and the point a stream is
-	// cut at: FAREGATE_LLM_MAX_TOKENS and what the task can still afford.
-	// 0 for embeddings.
-	MaxOutput int64
-}
-
-// Usage is what the provider reported.
-type Usage struct {
-	Prompt int64
-	// Completion includes reasoning tokens.
-	Completion int64
-	// Reported: the provider sent a usage object. False: Prompt and
-	// Completion are this package's estimate.
-	Reported bool
-	// Unreadable: the provider sent a usage object that does not say in
-	// numbers what was used (a string for a count, a count missing). It
-	// is Reported, Prompt and Completion are this package's estimate, and
-	// the governor charges it as the contract says for an unparseable
-	// report: the larger of the reservation and the count, alerted.
-	Unreadable bool
-	// Raw is the provider's usage JSON as received (bounded by the answer
-	// bound), for the ledger.
-	Raw string
-}
-
-// Outcome is what one attempt spent.
-type Outcome struct {
-	Usage Usage
-	// Counted is this package's own count of the output tokens that passed
-	// to the client: with the model's tokenizer (agent/tokens; its bound
-	// where the tokenizer is unknown) for streams and report-less answers,
-	// with the bound, which never counts lower, beside a usage report.
-	Counted int64
-	// Truncated: the stream was cut here (output limit, or the task ended).
-	Truncated bool
-	// Started: bytes reached the client, or the answer is committed to it
-	// (held until Call returns); the governor must not retry.
-	Started bool
-	// Model is the model the provider said answered ("" when unknown).
-	Model string
+// upstreamOf is where an attempt on m goes.
+func upstreamOf(m govern.Model) Upstream {
+	return Upstream{BaseURL: m.BaseURL, APIKey: m.APIKey, Client: m.HTTPClient}
 }
 
 // Task is the grant the auth middleware puts on a request.
@@ -174,19 +121,52 @@ type Task struct {
 	Models []string
 }
 
+// Limiter bounds the calls of one task (agent/tasklimits.Store): Acquire
+// takes a slot for one call of kind (tasklimits.Calls or Embeddings), and
+// release ends it, not counted when used is false.
+type Limiter interface {
+	Acquire(ctx context.Context, t tasklimits.Task, kind tasklimits.Kind) (release func(ctx context.Context, used bool), err error)
+}
+
 // Options configure the handler.
 type Options struct {
 	Governor Governor
-	// Limits bounds calls and parallelism per task; nil: no limits (tests).
+	// Limits bounds calls, embedding calls and parallelism per task; nil:
+	// no limits (tests).
 	Limits Limiter
 	// Task reads the task grant off a request.
 	Task func(*http.Request) (Task, bool)
-	// WriteError answers a refusal (OpenAI error shape, the api error table).
-	WriteError func(http.ResponseWriter, *http.Request, error)
+	// Records reads a task's record (its principal, limits, precision:
+	// Terms), once per task and replica.
+	Records func(ctx context.Context, id string) (task.Record, error)
+	// Steps posts a call's model step on its task's page through the
+	// task's key, as the agent's own events go (nil: none).
+	Steps interface {
+		Step(ctx context.Context, g taskkey.Grant, raw []byte) error
+	}
+	// Invalid counts every call in its principal's invalid-ratio window,
+	// invalid when the provider refused to answer it (nil: the ratio is
+	// off).
+	Invalid interface {
+		Record(ctx context.Context, n ratelimit.Note) (int64, time.Duration, error)
+	}
+	// Errors is the /v1 error writer the router hands the gateway when it
+	// builds it: the one table, in the shape of the route's wire.
+	Errors ErrorWriter
 	// RequestID names the request for the ledger; nil: none.
 	RequestID func(*http.Request) string
 	// EmbeddingModel is the one model /v1/embeddings may use; empty: 404.
 	EmbeddingModel string
+	// Embeddings is where an embeddings call goes when not to the
+	// primary's upstream (FAREGATE_EMBEDDING_BASE_URL: an Anthropic
+	// primary has no embeddings); nil: the primary's.
+	Embeddings *Upstream
+	// Wire is what the Governor's models speak, primary and fallback
+	// alike: WireOpenAI (default) or WireAnthropic, with which the chat
+	// and Responses routes refuse every call (400 invalid_request): the
+	// provider speaks only Messages, and a call translated there would
+	// lose what those wires carry.
+	Wire string
 	// FallbackModels are the models the Governor may send a call to other
 	// than the one asked (its fallback): a call is reserved and sent with
 	// at least the largest MinOutput of all of them, so a fallback whose
@@ -198,10 +178,23 @@ type Options struct {
 	// at: the most output one call may have, FAREGATE_LLM_MAX_TOKENS;
 	// 0: DefaultReferenceTokens.
 	ReferenceTokens int64
-	// MaxBody bounds a request body (FAREGATE_V1_MAX_BODY); 0: 2097152.
-	MaxBody int64
-	// MaxAnswer bounds a non-streamed provider answer; 0: 8 MiB.
+	// MaxAnswer bounds a non-streamed embeddings answer; 0: 8 MiB. A
+	// chat or Responses answer has the bound a stream has, set by its
+	// reservation (see overStreamBytes).
 	MaxAnswer int64
+	// CallTimeout bounds one call, a stream's whole length and every
+	// attempt included (FAREGATE_LLM_TIMEOUT); 0: DefaultCallTimeout. The
+	// task's deadline bounds it too. A /v1 answer is not bound by the
+	// server's write timeout: the handler lifts it to these.
+	CallTimeout time.Duration
+	// LegacyMaxTokens sends a chat call's output limit as max_tokens too
+	// (FAREGATE_LLM_LEGACY_MAX_TOKENS: servers that read no other field).
+	LegacyMaxTokens bool
+	// LoopThreshold is the repetition cut (FAREGATE_LOOP_THRESHOLD with
+	// FAREGATE_LOOP_CUT): an answer whose content or tool-call arguments
+	// repeat past it is cut like a budget cut (protect/repetition); 0:
+	// no cut.
+	LoopThreshold float64
 	// MaxEvent bounds one SSE line and one event's data; 0: 1 MiB. A longer
 	// one is a malformed stream.
 	MaxEvent int
@@ -212,28 +205,81 @@ type Options struct {
 
 // Defaults.
 const (
-	DefaultMaxBody   = 2097152
 	DefaultMaxAnswer = 8 << 20
 	DefaultMaxEvent  = 1 << 20
 	// DefaultReferenceTokens is FAREGATE_LLM_MAX_TOKENS' default.
 	DefaultReferenceTokens = 1024
 )
 
+// ErrorWriter answers the gateway's refusals from the one /v1 error table
+// (the api package's), in the wire shape of the request's route. The
+// router hands it to New; the gateway writes no error envelope of its own.
+type ErrorWriter interface {
+	// WriteError answers err before any byte of an answer went out.
+	WriteError(w http.ResponseWriter, r *http.Request, err error)
+	// ErrorEvent is err as an error event's data inside an answer that
+	// has already started (a stream the provider broke off).
+	ErrorEvent(r *http.Request, err error) []byte
+}
+
+// Call serves one model route whose body the router has already gated
+// (media type, size) and read: the bytes are the request's, as received.
+type Call func(w http.ResponseWriter, r *http.Request, body []byte)
+
+// Handlers are the model endpoint's routes, one per kind. The router
+// mounts each on its own method and path (the gateway routes nothing):
+//
+//	POST /v1/chat/completions  Chat
+//	POST /v1/responses         Responses
+//	POST /v1/embeddings        Embeddings (404 not_found without an embedding model)
+//	GET  /v1/models            Models
+//	GET  /v1/models/{model}    Model (the id may hold slashes)
+type Handlers struct {
+	Chat, Responses, Embeddings Call
+	Models, Model               http.Handler
+	// Messages are the Messages routes (NewMessages), when the endpoint
+	// has them: the router mounts them beside these.
+	Messages *MessagesHandlers
+}
+
+// errMessagesOnly refuses a chat or Responses call when the provider
+// speaks Anthropic's Messages only.
+var errMessagesOnly = &ParamError{Err: ErrInvalidRequest, Field: "model",
+	Reason: "this faregate's model provider speaks Anthropic's Messages API only: call POST /v1/messages"}
+
 // handler serves the model endpoint.
 type handler struct {
 	o Options
+	// termsMemo holds each task's Terms, read once (terms).
+	termsMemo *memo.Memo[string, Terms]
+	// memo remembers the messages of earlier calls (seen.go).
+	memo *seenMemo
 }
 
-// New returns the handler for the /v1 model routes (paths as the client
-// sends them: /v1/chat/completions, /v1/responses, /v1/embeddings,
-// /v1/models). It panics when Governor, Task or WriteError is nil: those
-// are wiring, not configuration.
-func New(o Options) http.Handler {
-	if o.Governor == nil || o.Task == nil || o.WriteError == nil {
-		panic("gateway: Governor, Task and WriteError are required")
+// New returns the model endpoint's handlers. It panics when Governor, Task
+// or Errors is nil: those are wiring, not configuration.
+func New(o Options) Handlers {
+	h := newHandler(o)
+	h.memo = newSeenMemo()
+	return Handlers{
+		Chat:       h.call(KindChat),
+		Responses:  h.call(KindResponses),
+		Embeddings: h.call(KindEmbeddings),
+		Models: h.granted(func(w http.ResponseWriter, r *http.Request, t Task) {
+			h.serveModels(w, r, t)
+		}),
+		Model: h.granted(func(w http.ResponseWriter, r *http.Request, t Task) {
+			id, _ := strings.CutPrefix(r.URL.Path, "/v1/models/")
+			h.serveModel(w, r, t, id)
+		}),
 	}
-	if o.MaxBody <= 0 {
-		o.MaxBody = DefaultMaxBody
+}
+
+// newHandler is a handler on o, its defaults applied (New, NewMessages).
+// It panics when Governor, Task or Errors is nil: those are wiring.
+func newHandler(o Options) *handler {
+	if o.Governor == nil || o.Task == nil || o.Errors == nil || o.Records == nil {
+		panic("gateway: Governor, Task, Records and Errors are required")
 	}
 	if o.MaxAnswer <= 0 {
 		o.MaxAnswer = DefaultMaxAnswer
@@ -241,60 +287,48 @@ func New(o Options) http.Handler {
 	if o.MaxEvent <= 0 {
 		o.MaxEvent = DefaultMaxEvent
 	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &handler{o: o}
+	return &handler{o: o, termsMemo: memo.New[string, Terms](10_000, nil)}
 }
 
-// ServeHTTP routes by path and method.
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var kind string
-	method := http.MethodPost
-	switch r.URL.Path {
-	case "/v1/chat/completions":
-		kind = KindChat
-	case "/v1/responses":
-		kind = KindResponses
-	case "/v1/embeddings":
-		kind = KindEmbeddings
-	case "/v1/models":
-		method = http.MethodGet
-	default:
-		// GET /v1/models/{model}: the official clients' models.retrieve
-		// (a model id may hold slashes: "meta-llama/Llama-3.1-8B").
-		if !strings.HasPrefix(r.URL.Path, "/v1/models/") {
-			h.o.WriteError(w, r, ErrNotFound)
+// call is the route of one kind of governed call.
+func (h *handler) call(kind string) Call {
+	return func(w http.ResponseWriter, r *http.Request, body []byte) {
+		t, ok := h.o.Task(r)
+		if !ok {
+			h.o.Errors.WriteError(w, r, ErrNoTask)
 			return
 		}
-		method = http.MethodGet
-	}
-	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
-		w.Header().Set("Allow", method)
-		h.o.WriteError(w, r, ErrMethodNotAllowed)
-		return
-	}
-	t, ok := h.o.Task(r)
-	if !ok {
-		h.o.WriteError(w, r, ErrNoTask)
-		return
-	}
-	if kind == "" {
-		if id, one := strings.CutPrefix(r.URL.Path, "/v1/models/"); one {
-			h.serveModel(w, r, t, id)
+		if kind == KindEmbeddings && h.o.EmbeddingModel == "" {
+			h.o.Errors.WriteError(w, r, ErrNotFound)
 			return
 		}
-		h.serveModels(w, r, t)
-		return
+		if kind != KindEmbeddings && h.o.Wire == WireAnthropic {
+			h.o.Errors.WriteError(w, r, errMessagesOnly)
+			return
+		}
+		h.serveCall(w, r, t, kind, body)
 	}
-	if kind == KindEmbeddings && h.o.EmbeddingModel == "" {
-		h.o.WriteError(w, r, ErrNotFound)
-		return
-	}
-	h.serveCall(w, r, t, kind)
+}
+
+// granted serves a route that reads no body, for the request's task.
+func (h *handler) granted(serve func(http.ResponseWriter, *http.Request, Task)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t, ok := h.o.Task(r)
+		if !ok {
+			h.o.Errors.WriteError(w, r, ErrNoTask)
+			return
+		}
+		serve(w, r, t)
+	})
 }
 
 // serveModels lists the models the key may use, in OpenAI's list shape.
@@ -317,7 +351,7 @@ func (h *handler) serveModel(w http.ResponseWriter, r *http.Request, t Task, id 
 		writeJSON(w, appendModel(nil, id))
 		return
 	}
-	h.o.WriteError(w, r, &ParamError{Err: ErrNotFound, Field: "model",
+	h.o.Errors.WriteError(w, r, &ParamError{Err: ErrNotFound, Field: "model",
 		Reason: "not a model this key may use (GET /v1/models lists them)"})
 }
 
@@ -338,34 +372,6 @@ func appendModel(b []byte, m string) []byte {
 	b = append(b, `{"id":`...)
 	b = appendJSONString(b, m)
 	return append(b, `,"object":"model","created":0,"owned_by":"faregate"}`...)
-}
-
-// readBody reads a JSON body of at most MaxBody bytes: refused from the
-// headers when Content-Length says more, by a bounded read otherwise.
-func (h *handler) readBody(r *http.Request) ([]byte, error) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return nil, ErrUnsupportedMedia
-		}
-	}
-	if r.ContentLength > h.o.MaxBody {
-		return nil, ErrTooLarge
-	}
-	// A chunked body starts small and grows as it comes: the bound is
-	// on what is sent, not an allocation every request makes up front.
-	size := int64(16 << 10)
-	if r.ContentLength >= 0 {
-		size = r.ContentLength + 1
-	}
-	body, err := readAtMost(r.Body, size, h.o.MaxBody)
-	if errors.Is(err, errTooLong) {
-		return nil, ErrTooLarge
-	}
-	if err != nil {
-		return nil, invalid("body", "could not be read")
-	}
-	return body, nil
 }
 
 var errTooLong = errors.New("gateway: too long")

@@ -15,8 +15,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"faregate/agent/govern"
 	"faregate/agent/offline"
-	"faregate/protect/clocktest"
+	"faregate/agent/task"
+	"faregate/agent/tasklimits"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // fakeGov is a Governor that records every call: it grants MaxOutput (the
@@ -30,9 +33,9 @@ type fakeGov struct {
 	refuse       error
 
 	mu       sync.Mutex
-	specs    []Spec
-	attempts []Attempt
-	outs     []Outcome
+	specs    []govern.Spec
+	attempts []govern.Attempt
+	outs     []govern.Outcome
 	errs     []error
 	done     chan struct{} // closed by the first Call's end, if set
 	ended    int
@@ -42,9 +45,11 @@ type fakeGov struct {
 	// settleErr, if set, is returned by a call whose attempt answered (a
 	// settle that failed after the answer).
 	settleErr error
+	// firstEvent, if set, is every attempt's FirstEvent.
+	firstEvent func()
 }
 
-func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Context, Attempt) (Outcome, error)) (Outcome, error) {
+func (g *fakeGov) Call(ctx context.Context, spec govern.Spec, attempt func(context.Context, govern.Attempt) (govern.Outcome, error)) (govern.Result, error) {
 	g.mu.Lock()
 	g.specs = append(g.specs, spec)
 	g.mu.Unlock()
@@ -57,24 +62,25 @@ func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Cont
 			g.done = nil
 		}
 	}()
-	// The slot is taken first and given back uncounted on a refusal, as
+	// The slot is taken first and its end told how the call ended, as
 	// the real governor does.
-	release := func(context.Context, bool) {}
+	var end govern.HoldEnd
 	if spec.Hold != nil {
-		rel, err := spec.Hold(ctx)
+		e, err := spec.Hold(ctx)
 		if err != nil {
-			return Outcome{}, err
+			return govern.Result{}, err
 		}
-		release = rel
+		end = e
 	}
 	if g.refuse != nil {
-		release(ctx, false)
-		return Outcome{}, g.refuse
+		if end != nil {
+			end(ctx, govern.Result{}, g.refuse)
+		}
+		return govern.Result{}, g.refuse
 	}
-	defer release(ctx, true)
-	a := Attempt{Model: spec.Model, Upstream: *g.up, MaxOutput: g.cap}
+	a := govern.Attempt{Model: modelOf(spec.Model, *g.up), MaxOutput: g.cap, FirstEvent: g.firstEvent}
 	if g.model != "" {
-		a.Model = g.model
+		a.Model.Name = g.model
 	}
 	if spec.Kind == KindEmbeddings {
 		a.MaxOutput = 0
@@ -83,19 +89,37 @@ func (g *fakeGov) Call(ctx context.Context, spec Spec, attempt func(context.Cont
 	}
 	out, err := g.try(ctx, attempt, a)
 	if err != nil && !out.Started && g.fallback != nil {
-		a.Upstream, a.Fallback = *g.fallback, true
+		a.Model, a.Fallback = modelOf(a.Model.Name, *g.fallback), true
 		out, err = g.try(ctx, attempt, a)
 	}
+	res := govern.Result{Outcome: out, Model: a.Model, FellBack: a.Fallback, Charged: out.Usage}
 	if g.settle != nil {
 		g.settle()
 	}
-	if err == nil && g.settleErr != nil {
-		return out, g.settleErr
+	if end != nil {
+		end(ctx, res, err)
 	}
-	return out, err
+	if spec.After != nil {
+		spec.After(ctx, res, err)
+	}
+	if err == nil && g.settleErr != nil {
+		return res, g.settleErr
+	}
+	return res, err
 }
 
-func (g *fakeGov) try(ctx context.Context, attempt func(context.Context, Attempt) (Outcome, error), a Attempt) (Outcome, error) {
+// modelOf is a model of the governor's named name on up.
+func modelOf(name string, up Upstream) govern.Model {
+	return govern.Model{Name: name, BaseURL: up.BaseURL, APIKey: up.APIKey, HTTPClient: up.Client}
+}
+
+// testRecords is every task's record as the tests' tasks have it: the
+// principal p1, today's day.
+func testRecords(_ context.Context, id string) (task.Record, error) {
+	return task.Record{Task: task.Task{ID: id}, Principal: "p1", Day: time.Now().UTC().Format(time.DateOnly)}, nil
+}
+
+func (g *fakeGov) try(ctx context.Context, attempt func(context.Context, govern.Attempt) (govern.Outcome, error), a govern.Attempt) (govern.Outcome, error) {
 	out, err := attempt(ctx, a)
 	g.mu.Lock()
 	g.attempts = append(g.attempts, a)
@@ -105,7 +129,7 @@ func (g *fakeGov) try(ctx context.Context, attempt func(context.Context, Attempt
 	return out, err
 }
 
-func (g *fakeGov) last(t *testing.T) (Spec, Attempt, Outcome, error) {
+func (g *fakeGov) last(t *testing.T) (govern.Spec, govern.Attempt, govern.Outcome, error) {
 	t.Helper()
 	// The answer completes after Call's settle, but the client may read
 	// it before Call's deferred bookkeeping here: wait for every call
@@ -133,22 +157,59 @@ var testErrors = []struct {
 }{
 	{ErrNoTask, 401, "invalid_api_key", "authentication_error"},
 	{ErrNotFound, 404, "not_found", "invalid_request_error"},
-	{ErrMethodNotAllowed, 405, "method_not_allowed", "invalid_request_error"},
 	{ErrInvalidRequest, 400, "invalid_request", "invalid_request_error"},
-	{ErrUnsupportedMedia, 415, "unsupported_media_type", "invalid_request_error"},
-	{ErrTooLarge, 413, "request_too_large", "invalid_request_error"},
 	{ErrModelNotAllowed, 400, "model_not_allowed", "invalid_request_error"},
 	{ErrUnsupportedParameter, 400, "unsupported_parameter", "invalid_request_error"},
-	{ErrStepLimit, 429, "step_limit", "insufficient_quota"},
-	{ErrTooManyCalls, 429, "too_many_calls", "rate_limit_error"},
-	{ErrLimitsUnavailable, 503, "demo_protection_unavailable", "api_error"},
+	{tasklimits.ErrStepLimit, 429, "step_limit", "insufficient_quota"},
+	{tasklimits.ErrTooManyCalls, 429, "too_many_calls", "rate_limit_error"},
+	{tasklimits.ErrUnavailable, 503, "demo_protection_unavailable", "api_error"},
 	{ErrCallEnded, 409, "task_finished", "invalid_request_error"},
 	{ErrUpstreamInvalid, 400, "invalid_request", "invalid_request_error"},
 	{ErrUpstream, 503, "model_unavailable", "api_error"},
+	{ErrUpstreamAnswer, 502, "upstream_invalid", "api_error"},
 	{errBudget, 429, "demo_budget_exhausted", "insufficient_quota"},
 }
 
 var errBudget = errors.New("test: budget exhausted")
+
+// testErrors is the tests' /v1 error writer: the shape of the api's, with
+// the codes of testErrors (the api's own table is tested in package api).
+type testErrorWriter struct{}
+
+func (testErrorWriter) WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	writeTestError(w, r, err)
+}
+
+func (testErrorWriter) ErrorEvent(r *http.Request, err error) []byte {
+	rec := httptest.NewRecorder()
+	writeTestError(rec, r, err)
+	return rec.Body.Bytes()
+}
+
+// testMux routes the model endpoint's handlers as the api's router does,
+// reading a POST body whole (the router's gate is tested in package api).
+func testMux(h Handlers) http.Handler {
+	calls := map[string]Call{"/v1/chat/completions": h.Chat, "/v1/responses": h.Responses, "/v1/embeddings": h.Embeddings}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := calls[r.URL.Path]; ok && r.Method == http.MethodPost {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				writeTestError(w, r, invalid("body", "could not be read"))
+				return
+			}
+			c(w, r, body)
+			return
+		}
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
+			h.Models.ServeHTTP(w, r)
+		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/models/"):
+			h.Model.ServeHTTP(w, r)
+		default:
+			writeTestError(w, r, ErrNotFound)
+		}
+	})
+}
 
 func writeTestError(w http.ResponseWriter, r *http.Request, err error) {
 	status, code, typ := 500, "internal_error", "api_error"
@@ -190,12 +251,12 @@ func newEnv(t *testing.T, up Upstream, mod func(*Options)) *env {
 	e := &env{gov: &fakeGov{up: &up, cap: 1000}}
 	e.task = Task{ID: "t_test", Principal: "p1", Tier: "public", Deadline: time.Now().Add(time.Hour),
 		Models: []string{testModel, offline.ModelName}}
-	o := Options{Governor: e.gov, Task: func(*http.Request) (Task, bool) { return e.task, true },
-		WriteError: writeTestError, EmbeddingModel: "text-embedding-3-small"}
+	o := Options{Governor: e.gov, Records: testRecords, Task: func(*http.Request) (Task, bool) { return e.task, true },
+		Errors: testErrorWriter{}, EmbeddingModel: "text-embedding-3-small"}
 	if mod != nil {
 		mod(&o)
 	}
-	e.srv = httptest.NewServer(New(o))
+	e.srv = httptest.NewServer(testMux(New(o)))
 	t.Cleanup(e.srv.Close)
 	e.client = openai.NewClient(option.WithBaseURL(e.srv.URL+"/v1/"), option.WithAPIKey("fgt_test"), option.WithMaxRetries(0))
 	return e

@@ -41,6 +41,8 @@ var readNames = func() map[string]string {
 	for _, n := range []string{
 		"model", "messages", "input", "instructions", "stream", "stream_options", "include_usage",
 		"max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "n_cmpl", "n_predict", "service_tier", "modalities",
+		"max_new_tokens", "num_predict", "num_return_sequences", "candidate_count", "min_tokens", "options",
+		"documents", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
 		"audio", "web_search_options", "background", "previous_response_id", "conversation", "prompt",
 		"tools", "tool_choice", "functions", "response_format", "text", "models", "plugins",
 	} {
@@ -197,4 +199,25 @@ func foldTwins(raw []byte) bool {
 		return true
 	})
 	return twins
+}
+
+// AmbiguousName returns the first member name, at any depth of the valid
+// JSON raw, that two decoders could read differently: one whose name
+// folds like an earlier member's of the same object (a repeated name
+// included: encoding/json takes the last, others the first), or one a
+// case-insensitive decoder could read as another (caseFolds). It is the
+// rule above for bodies whose member names are all lower case: the
+// agent's events, fetches and results.
+func AmbiguousName(raw []byte) (string, bool) {
+	var bad string
+	eachName(raw, func(_ int, name []byte, kept *[]string) bool {
+		f := foldName(string(name))
+		if caseFolds(name) || slices.Contains(*kept, f) {
+			bad = string(name)
+			return false
+		}
+		*kept = append(*kept, f)
+		return true
+	})
+	return bad, bad != ""
 }

@@ -47,7 +47,7 @@ func TestCaseFoldedNames(t *testing.T) {
 	// camelCase JSON Schema keywords, a schema's own property names.
 	for _, c := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"reply as {\"Content\": \"x\", \"N\": 5}"}]}`},
-		{"/v1/chat/completions", `{` + chat + `,"topK":4,"chat_template_kwargs":{"Enable":true}}`},
+		{"/v1/chat/completions", `{` + chat + `,"topK":4,"vendor_kwargs":{"Enable":true}}`},
 		{"/v1/chat/completions", `{` + chat + `,"tools":[{"type":"function","function":{"name":"f","strict":true,"parameters":{"type":"object","additionalProperties":false,"properties":{"City":{"type":"string"}},"required":["City"]}}}]}`},
 		{"/v1/responses", `{` + resp + `,"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"Kind":{"anyOf":[{"type":"string"}]}}}}]}`},
 		{"/v1/responses", `{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_text","text":"\"Text\": 1"}]}]}`},
@@ -90,6 +90,31 @@ func TestFoldTwinToolsCountBoth(t *testing.T) {
 	} {
 		if got := foldTwins([]byte(c.raw)); got != c.want {
 			t.Errorf("foldTwins(%s) = %v, want %v", c.raw, got, c.want)
+		}
+	}
+}
+
+// AmbiguousName finds, at any depth, a repeated name, two names that fold
+// alike, and a name a case-insensitive decoder reads as another; names
+// inside strings and lower-case names pass.
+func TestAmbiguousName(t *testing.T) {
+	for _, c := range []struct {
+		body, want string
+	}{
+		{`{"url":"a","url":"b"}`, "url"},
+		{`{"URL":"a"}`, "URL"},
+		{`{"name":"a","status":"ok","Name":"b"}`, "Name"},
+		{`{"result":{"text":"a","text":"b"}}`, "text"},
+		{`{"result":{"title":"t","text":"a","\u0054ext":"b"}}`, "Text"},
+		{`{"max_byteſ":1}`, "max_byteſ"},
+		{`{"url":"x","max_bytes":1,"detail":{"k":1,"k":2}}`, "k"},
+		{`{"url":"{\"URL\":1}","max_bytes":1}`, ""},
+		{`{"a":{"b":1},"c":{"b":2}}`, ""},
+		{`[{"a":1},{"a":2}]`, ""},
+	} {
+		got, found := AmbiguousName([]byte(c.body))
+		if got != c.want || found != (c.want != "") {
+			t.Errorf("AmbiguousName(%s) = %q, %v; want %q", c.body, got, found, c.want)
 		}
 	}
 }

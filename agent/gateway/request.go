@@ -5,10 +5,15 @@ import (
 	"encoding/json"
 	"io"
 	"math"
+	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"faregate/agent/govern"
 	"faregate/agent/tokens"
+	"faregate/protect/kit/jsonstr"
 )
 
 // field is one member of a JSON object, its value exactly as received.
@@ -143,6 +148,8 @@ func asInt(raw []byte) (int64, bool) {
 
 // call is a parsed, checked request.
 type call struct {
+	// req is the client's request (for the error writer's in-stream event).
+	req    *http.Request
 	kind   string
 	obj    *object
 	model  string
@@ -164,6 +171,36 @@ type call struct {
 	// model.
 	images, lowImages int64
 	counter           tokens.Counter
+	// memo remembers the messages earlier calls carried (nil: none);
+	// split is its split of the body (empty when parseObject parsed it).
+	memo  *seenMemo
+	split splitBody
+	// toolsTokens is what the tools add to the prompt (refuseCostly
+	// checks and counts them).
+	toolsTokens int64
+	// promptFloor is the part of prompt counted from the messages' text
+	// alone (govern.Outcome.PromptCounted).
+	promptFloor int64
+	// deadline ends every attempt of the call (Options.CallTimeout, or
+	// the task's deadline when taskFirst).
+	deadline  time.Time
+	taskFirst bool
+}
+
+// exact reports whether the call's counts are the tokenizer of model, an
+// attempt's: the prompt was counted for the model asked, the output is
+// counted for model.
+func (c *call) exact(model string) bool {
+	return c.counter.Known() && tokens.EncodingFor(model) == tokens.EncodingFor(c.model)
+}
+
+// echo is the request's size, which a provider's answer may repeat (0
+// once the request is forgotten).
+func (c *call) echo() int64 {
+	if c.obj == nil {
+		return 0
+	}
+	return int64(totalSize(c.obj))
 }
 
 // imageDetail is an image part's detail: chat's image_url.detail,
@@ -189,17 +226,28 @@ const maxOutputAsked = 1 << 40
 // costs the JSON scan only, never a tokenizer's load or a prompt's count
 // (up to FAREGATE_V1_MAX_BODY of BPE), which no limit would hold.
 func parseCall(kind string, body []byte, allowed func(model string) bool) (*call, error) {
-	return parseCallHolding(kind, body, allowed, DefaultReferenceTokens)
+	return parseCallHolding(kind, body, allowed, DefaultReferenceTokens, nil)
 }
 
 // parseCallHolding is parseCall with a Responses item reference held at
-// refTokens.
-func parseCallHolding(kind string, body []byte, allowed func(model string) bool, refTokens int64) (*call, error) {
-	o, err := parseObject(body, "body")
-	if err != nil {
-		return nil, err
+// refTokens, and the parts memo (nil: none) remembering what earlier
+// calls' messages were found to be.
+func parseCallHolding(kind string, body []byte, allowed func(model string) bool, refTokens int64, memo *seenMemo) (*call, error) {
+	var split splitBody
+	ok := false
+	if memo != nil {
+		split, ok = memo.splitCall(kind, body)
 	}
-	c := &call{kind: kind, obj: o, refTokens: refTokens}
+	if !ok {
+		o, err := parseObject(body, "body")
+		if err != nil {
+			return nil, err
+		}
+		split = splitBody{obj: o}
+	}
+	var err error
+	c := &call{kind: kind, obj: split.obj, refTokens: refTokens, memo: memo, split: split}
+	o := c.obj
 	raw, ok := o.get("model")
 	if !ok {
 		return nil, invalid("model", "is required")
@@ -213,6 +261,7 @@ func parseCallHolding(kind string, body []byte, allowed func(model string) bool,
 	c.counter = tokens.ForModel(c.model)
 	if kind == KindEmbeddings {
 		c.prompt, err = c.embeddingInput()
+		c.promptFloor = c.prompt
 		return c, err
 	}
 	if raw, ok := o.get("stream"); ok {
@@ -295,8 +344,8 @@ func (c *call) refuseCostly() error {
 			}
 		}
 	}
-	if _, ok := o.get("n_predict"); ok {
-		return unsupported("n_predict", "the output limit is max_tokens or max_completion_tokens, which the task's budget sets")
+	if err := c.refuseForeign(); err != nil {
+		return err
 	}
 	if raw, ok := o.get("service_tier"); ok {
 		if s, ok := asString(raw); !ok || (s != "auto" && s != "default") {
@@ -317,6 +366,35 @@ func (c *call) refuseCostly() error {
 	if _, ok := o.get("audio"); ok {
 		return unsupported("audio", "audio output is not served")
 	}
+	if err := c.refuseKindCostly(); err != nil {
+		return err
+	}
+	// Routers' own members that choose what is billed: OpenRouter's
+	// models (other models to try, at their prices) and plugins (its web
+	// search, billed per result).
+	for _, name := range []string{"models", "plugins"} {
+		if raw, ok := o.get(name); ok && string(bytes.TrimSpace(raw)) != "[]" {
+			return unsupported(name, "other models and router plugins are not served")
+		}
+	}
+	if err := c.refuseHostedChoice(); err != nil {
+		return err
+	}
+	raw, ok := o.get("tools")
+	if !ok {
+		return nil
+	}
+	var err error
+	c.toolsTokens, err = c.toolsFacts(raw)
+	return err
+}
+
+// refuseKindCostly refuses what only one kind's wire can ask for and a
+// reservation cannot see: chat's hosted web search; Responses' background
+// runs, stored conversations and stored prompts (state held at the
+// provider, whose tokens the prompt count never saw).
+func (c *call) refuseKindCostly() error {
+	o := c.obj
 	switch c.kind {
 	case KindChat:
 		if _, ok := o.get("web_search_options"); ok {
@@ -338,34 +416,88 @@ func (c *call) refuseCostly() error {
 			return unsupported("prompt", "stored prompts are not served; send instructions and input")
 		}
 	}
-	// Routers' own members that choose what is billed: OpenRouter's
-	// models (other models to try, at their prices) and plugins (its web
-	// search, billed per result).
-	for _, name := range []string{"models", "plugins"} {
-		if raw, ok := o.get(name); ok && string(bytes.TrimSpace(raw)) != "[]" {
-			return unsupported(name, "other models and router plugins are not served")
+	return nil
+}
+
+// toolsFacts checks the tools array raw (function tools only, member names
+// a provider in Go reads as we do) and counts what it adds to the prompt:
+// through the memo, which remembers both for a tool list it has seen.
+func (c *call) toolsFacts(raw []byte) (int64, error) {
+	var k seenKey
+	if c.memo != nil {
+		p := c.split.tools
+		if p == nil {
+			part := c.memo.part(raw)
+			p = &part
 		}
-	}
-	if err := c.refuseHostedChoice(); err != nil {
-		return err
-	}
-	raw, ok := o.get("tools")
-	if !ok {
-		return nil
+		k = c.memo.key(*p, c.model, toolsKind(c.kind))
+		if f, hit := c.memo.parts.Get(k); hit {
+			return f.tokens, nil
+		}
 	}
 	var tools []map[string]json.RawMessage
 	if json.Unmarshal(raw, &tools) != nil {
-		return invalid("tools", "must be an array of objects")
+		return 0, invalid("tools", "must be an array of objects")
 	}
 	// A tool's own members: a "Type" would be its type to a provider in
 	// Go, and no type here.
 	if err := checkNames(raw, "tools", false); err != nil {
-		return err
+		return 0, err
 	}
 	for i, t := range tools {
 		typ, _ := asString(t["type"])
 		if typ != "function" {
-			return unsupported("tools["+strconv.Itoa(i)+"].type", "only function tools are served")
+			return 0, unsupported("tools["+strconv.Itoa(i)+"].type", "only function tools are served")
+		}
+	}
+	toolsJSON := string(raw)
+	if c.kind == KindResponses {
+		toolsJSON = chatTools(raw)
+	}
+	n := c.counter.Tools(toolsJSON)
+	if foldTwins(raw) {
+		// Two names that fold alike: the tokenizer's rendering keeps
+		// one, a provider may read the other; the JSON is counted too.
+		n += c.counter.Count(string(raw))
+	}
+	if c.memo != nil {
+		c.memo.parts.Add(k, seenFacts{tokens: n})
+	}
+	return n, nil
+}
+
+// refuseForeign refuses the members other servers read as an output
+// limit or a count of sequences, and those they expand into the prompt on
+// their side: what the provider bills would not be what was reserved.
+func (c *call) refuseForeign() error {
+	o := c.obj
+	// Other servers' output limits and sequence counts (llama.cpp's
+	// n_predict, Hugging Face's max_new_tokens and num_return_sequences,
+	// Ollama's num_predict and options.num_predict, Gemini's
+	// candidate_count, vLLM's min_tokens, which makes the model write past
+	// its end): refused whenever present, whatever their value (null is
+	// absent to every server).
+	for _, name := range []string{"n_predict", "max_new_tokens", "num_predict", "num_return_sequences", "candidate_count", "min_tokens"} {
+		if _, ok := o.get(name); ok {
+			return unsupported(name, "the output limit is max_tokens or max_completion_tokens (max_output_tokens), which the task's budget sets")
+		}
+	}
+	if raw, ok := o.get("options"); ok {
+		opts, err := parseObject(raw, "options")
+		if err != nil {
+			return err
+		}
+		if _, ok := opts.get("num_predict"); ok {
+			return unsupported("options.num_predict", "the output limit is max_tokens or max_completion_tokens, which the task's budget sets")
+		}
+	}
+	// Members a server expands into the prompt on its side (vLLM's
+	// documents and chat templates, a generation prompt, a continued
+	// message): the prompt the provider bills would not be the one
+	// counted here.
+	for _, name := range []string{"documents", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"} {
+		if _, ok := o.get(name); ok {
+			return unsupported(name, "a member the provider expands into the prompt is not served; send the prompt itself")
 		}
 	}
 	return nil
@@ -440,36 +572,14 @@ func (c *call) chatPrompt() (int64, error) {
 	if !ok {
 		return 0, invalid("messages", "is required")
 	}
-	// chatMessage matches names ignoring case; OpenAI does not.
-	if err := checkNames(raw, "messages", true); err != nil {
+	n, extra, err := c.messagesTokens(raw)
+	if err != nil {
 		return 0, err
 	}
-	var msgs []chatMessage
-	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return 0, invalid("messages", "must be an array of messages")
-	}
-	tm := make([]tokens.Message, 0, len(msgs))
-	var extra int64
-	for i, m := range msgs {
-		text, more, ref := c.contentText(m.Content)
-		if ref != "" {
-			return 0, unsupported("messages["+strconv.Itoa(i)+"].content"+ref, fileRefReason)
-		}
-		extra += more
-		t := tokens.Message{Role: m.Role, Name: m.Name, Content: text}
-		for _, tc := range m.ToolCalls {
-			t.ToolCalls = append(t.ToolCalls, tokens.ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
-		}
-		tm = append(tm, t)
-	}
-	toolsJSON, twins := "", int64(0)
-	if raw, ok := c.obj.get("tools"); ok {
-		toolsJSON = string(raw)
-		if foldTwins(raw) {
-			twins = c.counter.Count(string(raw))
-		}
-	}
-	n := c.counter.Chat(tm, toolsJSON) + twins
+	// The messages' own count (framing and text, not the allowances held
+	// beside them) is the prompt's floor: what a provider bills at least.
+	c.promptFloor = n + c.counter.Priming()
+	n += c.counter.Priming() + c.toolsTokens
 	// Structured output schemas and legacy functions reach the model as
 	// text; their JSON is counted as it is, which errs high. A predicted
 	// output's tokens that the model does not use are billed as output
@@ -480,6 +590,32 @@ func (c *call) chatPrompt() (int64, error) {
 		}
 	}
 	return n + extra, nil
+}
+
+// messagesTokens counts a chat request's messages, framing and all, and
+// what they hold besides text (images, files): through the memo when the
+// call has one.
+func (c *call) messagesTokens(raw []byte) (n, extra int64, err error) {
+	if c.split.items != nil {
+		return c.chatMessages(c.split.items)
+	}
+	// chatMessage matches names ignoring case; OpenAI does not.
+	if err := checkNames(raw, "messages", true); err != nil {
+		return 0, 0, err
+	}
+	var msgs []chatMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return 0, 0, invalid("messages", "must be an array of messages")
+	}
+	for i, m := range msgs {
+		text, more, ref := c.contentText(m.Content)
+		if ref != "" {
+			return 0, 0, unsupported("messages["+strconv.Itoa(i)+"].content"+ref, fileRefReason)
+		}
+		extra += more
+		n += c.counter.Message(m.message(text))
+	}
+	return n, extra, nil
 }
 
 // contentText is the text of a message's content (a string or an array of
@@ -566,81 +702,110 @@ func fileRef(typ string, p map[string]json.RawMessage) string {
 // input (a string or items) and the function tools in the chat form the
 // tokenizer's tool rendering knows.
 func (c *call) responsesPrompt() (int64, error) {
-	var tm []tokens.Message
-	var extra int64
+	n := c.counter.Priming()
 	if raw, ok := c.obj.get("instructions"); ok {
 		s, isStr := asString(raw)
 		if !isStr {
 			return 0, invalid("instructions", "must be a string")
 		}
-		tm = append(tm, tokens.Message{Role: "system", Content: s})
+		n += c.counter.Message(tokens.Message{Role: "system", Content: s})
 	}
 	raw, ok := c.obj.get("input")
 	if !ok {
 		return 0, invalid("input", "is required")
 	}
+	var extra int64
 	if s, isStr := asString(raw); isStr {
-		tm = append(tm, tokens.Message{Role: "user", Content: s})
+		n += c.counter.Message(tokens.Message{Role: "user", Content: s})
 	} else {
-		if err := checkNames(raw, "input", true); err != nil {
+		items, more, err := c.inputTokens(raw)
+		if err != nil {
 			return 0, err
 		}
-		var items []map[string]json.RawMessage
-		if json.Unmarshal(raw, &items) != nil {
-			return 0, invalid("input", "must be a string or an array of items")
-		}
-		at := func(i int, rest string) string { return "input[" + strconv.Itoa(i) + "]" + rest }
-		for i, it := range items {
-			typ, _ := asString(it["type"])
-			role, _ := asString(it["role"])
-			var text, ref string
-			var more int64
-			switch {
-			case typ == "function_call":
-				name, _ := asString(it["name"])
-				args, _ := asString(it["arguments"])
-				tm = append(tm, tokens.Message{Role: "assistant", ToolCalls: []tokens.ToolCall{{Name: name, Arguments: args}}})
-			case typ == "function_call_output":
-				if text, more, ref = c.contentText(it["output"]); ref != "" {
-					return 0, unsupported(at(i, ".output")+ref, fileRefReason)
-				}
-				extra += more
-				tm = append(tm, tokens.Message{Role: "tool", Content: text})
-			case role != "" && (typ == "" || typ == "message"):
-				if text, more, ref = c.contentText(it["content"]); ref != "" {
-					return 0, unsupported(at(i, ".content")+ref, fileRefReason)
-				}
-				extra += more
-				tm = append(tm, tokens.Message{Role: role, Content: text})
-			case typ == "item_reference" || typ == "":
-				// An item the provider stored, its content unseen (an
-				// item with neither type nor role is one: the type
-				// defaults to item_reference). The Vercel AI SDK sends
-				// each earlier answer so (its store defaults to true):
-				// an output of an earlier call, which is held at the
-				// most one call may produce, beside its JSON.
-				extra += c.refTokens
-				fallthrough
-			default:
-				// Reasoning items, item references and kinds this
-				// package does not know: their JSON, which errs high.
-				b, _ := json.Marshal(it)
-				extra += c.counter.Count(string(b))
-			}
-		}
+		n, extra = n+items, more
 	}
-	toolsJSON, twins := "", int64(0)
-	if raw, ok := c.obj.get("tools"); ok {
-		toolsJSON = chatTools(raw)
-		if foldTwins(raw) {
-			twins = c.counter.Count(string(raw))
-		}
-	}
-	n := c.counter.Chat(tm, toolsJSON) + twins
+	c.promptFloor = n // instructions and input, not the tools' estimate
+	n += c.toolsTokens
 	if raw, ok := c.obj.get("text"); ok {
 		n += c.counter.Count(string(raw)) // a structured output schema
 	}
 	return n + extra, nil
+}
+
+// inputTokens counts a Responses request's input items, framing and all,
+// and what they hold besides text: through the memo when the call has
+// one (inputItems).
+func (c *call) inputTokens(raw []byte) (n, extra int64, err error) {
+	if c.split.items != nil {
+		return c.inputItems(c.split.items)
+	}
+	if err := checkNames(raw, "input", true); err != nil {
+		return 0, 0, err
+	}
+	var items []map[string]json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		return 0, 0, invalid("input", "must be a string or an array of items")
+	}
+	for i, it := range items {
+		f, err := c.itemFacts(i, it)
+		if err != nil {
+			return 0, 0, err
+		}
+		n += f.tokens
+		extra += f.extra + f.refs*c.refTokens
+		c.images += f.images
+		c.lowImages += f.lowImages
+	}
+	return n, extra, nil
+}
+
+// itemFacts counts the i-th input item it: what it adds to the prompt as
+// a message, and besides (images, files, its JSON for kinds that are not
+// messages, the earlier output an item reference stands for: refs).
+func (c *call) itemFacts(i int, it map[string]json.RawMessage) (seenFacts, error) {
+	at := func(rest string) string { return "input[" + strconv.Itoa(i) + "]" + rest }
+	typ, _ := asString(it["type"])
+	role, _ := asString(it["role"])
+	images, low := c.images, c.lowImages
+	var f seenFacts
+	var m tokens.Message
+	switch {
+	case typ == "function_call":
+		name, _ := asString(it["name"])
+		args, _ := asString(it["arguments"])
+		m = tokens.Message{Role: "assistant", ToolCalls: []tokens.ToolCall{{Name: name, Arguments: args}}}
+	case typ == "function_call_output":
+		text, more, ref := c.contentText(it["output"])
+		if ref != "" {
+			return seenFacts{}, unsupported(at(".output")+ref, fileRefReason)
+		}
+		f.extra, m = more, tokens.Message{Role: "tool", Content: text}
+	case role != "" && (typ == "" || typ == "message"):
+		text, more, ref := c.contentText(it["content"])
+		if ref != "" {
+			return seenFacts{}, unsupported(at(".content")+ref, fileRefReason)
+		}
+		f.extra, m = more, tokens.Message{Role: role, Content: text}
+	default:
+		if typ == "item_reference" || typ == "" {
+			// An item the provider stored, its content unseen (an item
+			// with neither type nor role is one: the type defaults to
+			// item_reference). The Vercel AI SDK sends each earlier
+			// answer so (its store defaults to true): an output of an
+			// earlier call, held at the most one call may produce
+			// (Options.ReferenceTokens), beside its JSON.
+			f.refs = 1
+		}
+		// Reasoning items, item references and kinds this package does
+		// not know: their JSON, which errs high. They are no message.
+		b, _ := json.Marshal(it)
+		f.extra = c.counter.Count(string(b))
+		return f, nil
+	}
+	f.tokens = c.counter.Message(m)
+	f.images, f.lowImages = c.images-images, c.lowImages-low
+	c.images, c.lowImages = images, low // the caller adds them
+	return f, nil
 }
 
 // chatTools rewrites Responses function tools ({"type","name",
@@ -721,18 +886,23 @@ func minOutput(kind, model string) int64 {
 // body is the request as sent upstream on attempt a: the attempt's model,
 // the output limit clamped to the attempt's (set when the client gave
 // none), and for chat streams stream_options.include_usage.
-func (c *call) body(a Attempt) []byte {
-	set := []field{{"model", json.RawMessage(appendJSONString(nil, a.Model))}}
+func (c *call) body(a govern.Attempt, legacy bool) []byte {
+	set := []field{{"model", json.RawMessage(appendJSONString(nil, a.Model.Name))}}
 	if c.kind != KindEmbeddings && a.MaxOutput > 0 {
-		// The governor reserves at least Spec.MinOutput, the largest of
+		// The governor reserves at least govern.Spec.MinOutput, the largest of
 		// the asked and fallback models' (Options.FallbackModels), so
 		// this raises nothing the reservation does not cover; it is a
 		// guard for a fallback the options did not name.
-		limit := max(a.MaxOutput, minOutput(c.kind, a.Model))
+		limit := max(a.MaxOutput, minOutput(c.kind, a.Model.Name))
 		v := json.RawMessage(strconv.AppendInt(nil, limit, 10))
 		fields := c.limitFields
 		if len(fields) == 0 {
-			fields = []string{c.defaultLimitField(a.Model)}
+			fields = []string{c.defaultLimitField(a.Model.Name)}
+		}
+		if legacy && c.kind == KindChat && !slices.Contains(fields, "max_tokens") {
+			// A server that reads only max_tokens would read no limit
+			// in max_completion_tokens, whichever the agent chose.
+			fields = append(slices.Clip(fields), "max_tokens")
 		}
 		for _, f := range fields {
 			set = append(set, field{f, v})
@@ -767,25 +937,8 @@ func totalSize(o *object) int {
 	return n
 }
 
-// appendJSONString appends s as a JSON string (no HTML escaping).
-func appendJSONString(dst []byte, s string) []byte {
-	plain := true
-	for i := 0; i < len(s) && plain; i++ {
-		c := s[i]
-		plain = c >= 0x20 && c < 0x7f && c != '"' && c != '\\'
-	}
-	if plain {
-		dst = append(dst, '"')
-		dst = append(dst, s...)
-		return append(dst, '"')
-	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		return append(dst, `""`...)
-	}
-	return append(dst, bytes.TrimRight(b.Bytes(), "\n")...)
-}
+// appendJSONString appends s as a JSON string (no HTML escaping): the
+// module's one escaper.
+func appendJSONString(dst []byte, s string) []byte { return jsonstr.Append(dst, s) }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

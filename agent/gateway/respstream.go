@@ -2,15 +2,16 @@ package gateway
 
 import (
 	"bytes"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"faregate/agent/govern"
+	"faregate/protect/codes"
+	"faregate/protect/kit/randhex"
 )
 
 // respEvent is the part of a Responses stream event the relay reads.
@@ -20,9 +21,15 @@ type respEvent struct {
 	Delta        json.RawMessage `json:"delta"`
 	OutputIndex  int64           `json:"output_index"`
 	ContentIndex int64           `json:"content_index"`
+	SummaryIndex int64           `json:"summary_index"`
 	ItemID       string          `json:"item_id"`
 	Item         json.RawMessage `json:"item"`
 	Response     json.RawMessage `json:"response"`
+	// The texts of the events that close a text (….done).
+	Text      json.RawMessage `json:"text"`
+	Arguments json.RawMessage `json:"arguments"`
+	Refusal   json.RawMessage `json:"refusal"`
+	Part      json.RawMessage `json:"part"`
 }
 
 // respOpen is an output item the provider has begun and not finished:
@@ -138,128 +145,335 @@ func kindOf(ev *respEvent) byte {
 
 // relayResponses relays a Responses stream event by event. The terminal
 // event (response.completed, response.incomplete, response.failed: the
-// official clients act on it) is left in held, for after the settle.
-func (h *handler) relayResponses(ctx context.Context, w http.ResponseWriter, c *call, a Attempt, body io.Reader, held *heldEnd) (Outcome, error) {
+// official clients act on it) is left in held, for after the settle. Once
+// the agent has hung up (l.gone) the stream is read on, relaying nothing,
+// to its usage.
+func (h *handler) relayResponses(l *link, w http.ResponseWriter, c *call, a govern.Attempt, body io.Reader, held *heldEnd) (govern.Outcome, error) {
 	sw := newSSEWriter(w)
 	sw.onStart = c.forget // a stream must not hold the prompt for its life
 	rd := newSSEReader(body, h.o.MaxEvent)
 	rd.lr.beforeBlock = sw.flush
-	oc, reasoning := newOutCounter(a.Model), newOutCounter(a.Model)
-	st := &respState{keep: h.o.MaxEvent}
-	var echoed int64 // the request's size, taken before the stream forgets it
-	if c.obj != nil {
-		echoed = int64(totalSize(c.obj))
-	}
-	var (
-		passed       int64
-		relayed      int64
-		reported     *Usage
-		model        string
-		end          streamEnd
-		brokenReason string
-		terminal     bool
-		failed       bool // the provider's own terminal event was response.failed
-		last         sseOut
-	)
+	r := &respRelay{oc: newOutCounter(a.Model.Name), reasoning: newOutCounter(a.Model.Name), st: &respState{keep: h.o.MaxEvent},
+		loop: loopFeed{threshold: h.o.LoopThreshold}, model: a.Model.Name}
+	echoed := c.echo() // the request's size, taken before the stream forgets it
+	var relayed int64
 	for {
 		raw, err := rd.next()
 		if err != nil {
-			end, brokenReason = readEnd(ctx, err)
+			r.end, r.brokenReason = readEnd(l.ctx, err)
 			break
 		}
 		data := bytes.TrimSpace(raw.data)
 		var ev respEvent
 		if json.Unmarshal(data, &ev) != nil || ev.Type == "" {
-			end, brokenReason = endBroken, "an event that is not a Responses event"
-			if ctx.Err() != nil {
-				end = endCut
+			r.end, r.brokenReason = endBroken, "an event that is not a Responses event"
+			if l.ctx.Err() != nil {
+				r.end = endCut
 			}
 			break
 		}
-		if ev.Type == "error" || ev.Type == "response.failed" && !sw.started {
-			end, brokenReason = endBroken, "an error event"
+		if ev.Type == "error" || ev.Type == "response.failed" && !sw.started && !l.gone.Load() {
+			r.end, r.brokenReason = endBroken, "an error event"
 			break
 		}
 		if relayed += int64(len(data)); overStreamBytes(relayed, a.MaxOutput, echoed) {
-			passed, end = max(passed, a.MaxOutput), endCut
+			r.passed, r.end = max(r.passed, a.MaxOutput), endCut
 			break
 		}
-		if d, ok := isDelta(&ev); ok {
-			before := oc.Tokens()
-			oc.Part(kindOf(&ev), d)
-			if strings.HasPrefix(ev.Type, "response.reasoning") {
-				reasoning.Part(kindOf(&ev), d)
-			}
-			if a.MaxOutput > 0 && oc.Tokens() > a.MaxOutput {
-				passed, end = before, endCut
-				break
-			}
+		if !r.count(&ev, a.MaxOutput) {
+			r.end = endCut
+			break
 		}
-		switch ev.Type {
-		case "response.completed", "response.incomplete", "response.failed":
-			terminal, failed = true, ev.Type == "response.failed"
-			var r struct {
-				Model string           `json:"model"`
-				Usage *json.RawMessage `json:"usage"`
-			}
-			if json.Unmarshal(ev.Response, &r) == nil {
-				model = boundedName(r.Model)
-				if u := h.usage(c, r.Usage, 0); u.Reported {
-					reported = &u
-				}
-			}
-		}
-		st.observe(&ev, data)
-		passed = oc.Tokens()
+		r.terminal(h, c, &ev)
+		r.st.observe(&ev, data)
 		name := ""
 		if safeName(ev.Type) {
 			name = ev.Type
 		}
-		if terminal {
+		if r.done {
 			// Copied: data is the reader's buffer.
-			last, end = sseOut{name, append([]byte(nil), oneLine(data)...)}, endDone
+			r.last, r.end = sseOut{name, append([]byte(nil), oneLine(data)...)}, endDone
 			break
 		}
-		if sw.send(name, oneLine(data)) != nil {
-			end = endGone
+		if l.check(); !l.gone.Load() && sw.send(name, oneLine(data)) != nil {
+			l.gone.Store(true) // read on to the usage, relaying nothing
+		}
+		if r.looped {
+			r.end = endCut
 			break
 		}
 	}
+	return h.endResponseStream(l, sw, c, a, held, r)
+}
 
-	out := Outcome{Counted: passed, Model: model}
-	out.Usage = Usage{Prompt: c.prompt, Completion: passed}
-	if reported != nil && end == endDone {
-		out.Usage = *reported
+// respRelay is what relayResponses keeps of a stream: its counts, the
+// state an ending needs, and how it stopped.
+type respRelay struct {
+	oc, reasoning *outCounter
+	model         string
+	// extra is output counted from the texts of "done" events beyond what
+	// their deltas carried (respCounts).
+	extra  int64
+	counts respCounts
+	st     *respState
+	loop   loopFeed
+
+	passed       int64
+	reported     *govern.Usage
+	answered     string // the model the provider said answered
+	end          streamEnd
+	brokenReason string
+	done, failed bool // the provider's terminal event came; it was response.failed
+	looped       bool
+	refused      bool // the provider refused to answer (refusal.go)
+	last         sseOut
+}
+
+// count counts an event's output: a delta's text, and the text of a done
+// event beyond what the deltas of its part or item carried. It reports
+// false when the output passes limit (the event is not relayed).
+func (r *respRelay) count(ev *respEvent, limit int64) bool {
+	before := r.oc.Tokens() + r.extra
+	if d, ok := isDelta(ev); ok {
+		r.oc.Part(kindOf(ev), d)
+		if strings.HasPrefix(ev.Type, "response.reasoning") {
+			r.reasoning.Part(kindOf(ev), d)
+		}
+		r.counts.delta(ev, len(d), r.oc.Tokens()+r.extra-before)
+		r.refused = r.refused || ev.Type == "response.refusal.delta"
+		switch ev.Type {
+		case "response.output_text.delta":
+			r.looped = r.looped || r.loop.feed(1, d)
+		case "response.function_call_arguments.delta":
+			r.looped = r.looped || r.loop.feed(6, d)
+		}
+	} else {
+		r.extra = satAdd(r.extra, r.counts.done(ev, r.model))
 	}
-	if end == endBroken && !sw.started {
-		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, brokenReason)
+	if now := r.oc.Tokens() + r.extra; limit > 0 && now > limit {
+		r.passed = cutCharge(before, now, limit, r.oc.enc.Known())
+		return false
 	}
+	r.passed = r.oc.Tokens() + r.extra
+	return true
+}
+
+// terminal reads the provider's terminal event, if ev is one.
+func (r *respRelay) terminal(h *handler, c *call, ev *respEvent) {
+	switch ev.Type {
+	case "response.completed", "response.incomplete", "response.failed":
+	default:
+		return
+	}
+	r.done, r.failed = true, ev.Type == "response.failed"
+	var resp struct {
+		Model      string           `json:"model"`
+		Usage      *json.RawMessage `json:"usage"`
+		Incomplete *respIncomplete  `json:"incomplete_details"`
+		Output     []respItem       `json:"output"`
+	}
+	if json.Unmarshal(ev.Response, &resp) == nil {
+		r.refused = r.refused || respRefused(resp.Incomplete, resp.Output)
+		r.answered = boundedName(resp.Model)
+		if u := h.usage(c, resp.Usage, 0); u.Reported {
+			r.reported = &u
+		}
+	}
+}
+
+// endResponseStream ends a Responses stream relayResponses relayed, as r
+// says it stopped.
+func (h *handler) endResponseStream(l *link, sw *sseWriter, c *call, a govern.Attempt, held *heldEnd, r *respRelay) (govern.Outcome, error) {
+	end := r.end
+	out := streamOutcome(l, c, a, r.passed, r.reported, end)
+	out.Answered, out.Refused = r.answered, r.refused
+	if r.looped {
+		out.Cut = codes.OutputLoop
+	}
+	switch {
+	case end == endBroken && !sw.started:
+		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, r.brokenReason)
+	case out.Ended != "" && !sw.started && !l.gone.Load():
+		// Ended before the first byte: the table's error, charged the
+		// prompt.
+		return out, l.err()
+	case l.gone.Load():
+		out.Started = sw.started
+		if end == endBroken {
+			return out, fmt.Errorf("%w: stream: %s", ErrUpstream, r.brokenReason)
+		}
+		return out, nil
+	}
+	last := r.last
 	switch end {
-	case endGone:
-		out.Truncated = true
 	case endCut:
 		out.Truncated = true
-		last = h.endResponses(sw, st, a, out.Usage, reasoning.Tokens(), "incomplete")
+		last = h.endResponses(sw, r.st, a, out.Usage, r.reasoning.Tokens(), "incomplete")
 	case endBroken:
-		last = h.endResponses(sw, st, a, out.Usage, reasoning.Tokens(), "failed")
+		last = h.endResponses(sw, r.st, a, out.Usage, r.reasoning.Tokens(), "failed")
 	}
 	sw.flush()
-	out.Started = sw.started
-	if end != endGone {
-		out.Started = true
-		held.hold(func() {
-			_ = sw.send(last.name, last.data)
-			sw.flush()
-		})
-	}
+	out.Started = true
+	held.hold(func() {
+		_ = sw.send(last.name, last.data)
+		sw.flush()
+	})
 	if end == endBroken {
-		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, brokenReason)
+		return out, fmt.Errorf("%w: stream: %s", ErrUpstream, r.brokenReason)
 	}
-	if failed {
+	if r.failed {
 		// Relayed as the provider sent it; the breaker hears of it.
 		return out, fmt.Errorf("%w: the provider's response failed", ErrUpstream)
 	}
 	return out, nil
+}
+
+// respCounts is what a Responses stream's deltas carried, by part (an
+// item's content or summary part, of one kind of text) and by item, in
+// bytes and in tokens: a provider may send a text only in the events that
+// close it (response.output_text.done, response.content_part.done,
+// response.output_item.done, and their kin), never in deltas, and what
+// those carry beyond their deltas is output too. An honest stream's done
+// events carry what its deltas did, and are not counted again. At most
+// maxCountKeys parts and items are kept; a text of one past them is
+// counted whole (which errs high).
+type respCounts struct {
+	parts map[partKey]sizeCount
+	items map[int64]sizeCount
+}
+
+type partKey struct {
+	item, part int64
+	family     string
+}
+
+type sizeCount struct{ bytes, tokens int64 }
+
+const maxCountKeys = 1024
+
+// family names the kind of text of a delta or done event type
+// ("response.output_text.delta" → "output_text").
+func family(typ string) string {
+	typ = strings.TrimPrefix(typ, "response.")
+	if i := strings.LastIndexByte(typ, '.'); i >= 0 {
+		typ = typ[:i]
+	}
+	return typ
+}
+
+// partOf is the part a text event belongs to.
+func partOf(ev *respEvent, fam string) partKey {
+	k := partKey{item: ev.OutputIndex, part: ev.ContentIndex, family: fam}
+	if strings.HasPrefix(fam, "reasoning_summary") {
+		k.part = ev.SummaryIndex
+	}
+	return k
+}
+
+// delta records a delta of n bytes that counted tokens.
+func (rc *respCounts) delta(ev *respEvent, n int, tokens int64) {
+	rc.init()
+	add := func(sc sizeCount) sizeCount { return sizeCount{sc.bytes + int64(n), sc.tokens + tokens} }
+	if k := partOf(ev, family(ev.Type)); len(rc.parts) < maxCountKeys || hasKey(rc.parts, k) {
+		rc.parts[k] = add(rc.parts[k])
+	}
+	if len(rc.items) < maxCountKeys || hasKey(rc.items, ev.OutputIndex) {
+		rc.items[ev.OutputIndex] = add(rc.items[ev.OutputIndex])
+	}
+}
+
+func (rc *respCounts) init() {
+	if rc.parts == nil {
+		rc.parts, rc.items = map[partKey]sizeCount{}, map[int64]sizeCount{}
+	}
+}
+
+func hasKey[K comparable, V any](m map[K]V, k K) bool { _, ok := m[k]; return ok }
+
+// done returns the tokens a done event's text carries beyond its deltas'
+// (0 for any other event), counted for model, and records them.
+func (rc *respCounts) done(ev *respEvent, model string) int64 {
+	if !strings.HasSuffix(ev.Type, ".done") {
+		return 0
+	}
+	rc.init()
+	if ev.Type == "response.output_item.done" {
+		texts := itemTexts(ev.Item)
+		return beyond(rc.items, ev.OutputIndex, texts, model, nil)
+	}
+	fam, text := family(ev.Type), ""
+	switch ev.Type {
+	case "response.content_part.done", "response.reasoning_summary_part.done":
+		var p struct{ Type, Text, Refusal string }
+		if json.Unmarshal(ev.Part, &p) != nil {
+			return 0
+		}
+		fam, text = p.Type, p.Text+p.Refusal
+		if fam == "summary_text" {
+			fam = "reasoning_summary_text"
+		}
+	default:
+		text, _ = asString(ev.Text)
+		if s, ok := asString(ev.Arguments); ok {
+			text += s
+		}
+		if s, ok := asString(ev.Refusal); ok {
+			text += s
+		}
+	}
+	if text == "" {
+		return 0
+	}
+	k := partOf(ev, fam)
+	return beyond(rc.parts, k, []string{text}, model, func(more sizeCount) {
+		if len(rc.items) < maxCountKeys || hasKey(rc.items, ev.OutputIndex) {
+			sc := rc.items[ev.OutputIndex]
+			rc.items[ev.OutputIndex] = sizeCount{sc.bytes + more.bytes, sc.tokens + more.tokens}
+		}
+	})
+}
+
+// beyond is how many tokens texts hold beyond what m records for k, and
+// records them (and tells also what more was found, for the item they
+// belong to).
+func beyond[K comparable](m map[K]sizeCount, k K, texts []string, model string, also func(more sizeCount)) int64 {
+	var size int64
+	for _, t := range texts {
+		size += int64(len(t))
+	}
+	seen := m[k] // the zero count when m is full
+	if size <= seen.bytes {
+		return 0
+	}
+	oc := newOutCounter(model)
+	for _, t := range texts {
+		oc.cut()
+		oc.Add(t)
+	}
+	n := max(oc.Tokens()-seen.tokens, 0)
+	if len(m) < maxCountKeys || hasKey(m, k) {
+		m[k] = sizeCount{size, seen.tokens + n}
+	}
+	if also != nil {
+		also(sizeCount{size - seen.bytes, n})
+	}
+	return n
+}
+
+// itemTexts are an output item's texts as respItem counts them.
+func itemTexts(raw json.RawMessage) []string {
+	var it respItem
+	if json.Unmarshal(raw, &it) != nil {
+		return nil
+	}
+	out := []string{it.Name, it.Arguments}
+	for _, p := range it.Content {
+		out = append(out, p.Text, p.Refusal)
+	}
+	for _, p := range it.Summary {
+		out = append(out, p.Text)
+	}
+	return out
 }
 
 // sseOut is one event to send.
@@ -274,7 +488,7 @@ type sseOut struct {
 // response.incomplete (cut: status "incomplete", reason
 // max_output_tokens) or response.failed (the provider broke off), whose
 // response carries the output so far and the usage charged.
-func (h *handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage, reasoningTokens int64, status string) sseOut {
+func (h *handler) endResponses(sw *sseWriter, st *respState, a govern.Attempt, u govern.Usage, reasoningTokens int64, status string) sseOut {
 	event := func(typ string, fields ...field) sseOut {
 		st.seq++
 		o := &object{}
@@ -317,13 +531,11 @@ func (h *handler) endResponses(sw *sseWriter, st *respState, a Attempt, u Usage,
 	}
 	resp := st.base
 	if resp == nil {
-		var id [12]byte
-		_, _ = rand.Read(id[:])
 		resp = map[string]json.RawMessage{
-			"id":         str("resp_" + hex.EncodeToString(id[:])),
+			"id":         str("resp_" + randhex.New(12)),
 			"object":     json.RawMessage(`"response"`),
 			"created_at": num(h.o.Now().Unix()),
-			"model":      str(a.Model),
+			"model":      str(a.Model.Name),
 		}
 	}
 	outJSON, _ := json.Marshal(output)

@@ -68,8 +68,8 @@ func TestAnswerCompletesAfterSettle(t *testing.T) {
 					gov.cap = c.cap
 				}
 				task := Task{ID: "t_test", Principal: "p1", Deadline: time.Now().Add(time.Hour), Models: []string{testModel}}
-				h := New(Options{Governor: gov, Task: func(*http.Request) (Task, bool) { return task, true },
-					WriteError: writeTestError, EmbeddingModel: "text-embedding-3-small"})
+				h := New(Options{Governor: gov, Records: testRecords, Task: func(*http.Request) (Task, bool) { return task, true },
+					Errors: testErrorWriter{}, EmbeddingModel: "text-embedding-3-small"})
 				rec := httptest.NewRecorder()
 				settled := false
 				gov.settle = func() {
@@ -93,7 +93,7 @@ func TestAnswerCompletesAfterSettle(t *testing.T) {
 				}
 				req := httptest.NewRequest(http.MethodPost, c.path, strings.NewReader(c.body))
 				req.Header.Set("Content-Type", "application/json")
-				h.ServeHTTP(rec, req)
+				testMux(h).ServeHTTP(rec, req)
 				res := rec.Result()
 				body, _ := io.ReadAll(res.Body)
 				if !settled {

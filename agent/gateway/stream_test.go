@@ -16,6 +16,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
+
+	"faregate/protect/budget"
 )
 
 // endless streams content chunks until the request ends, ignoring every
@@ -372,8 +374,10 @@ func TestLegacyFunctionCallCounted(t *testing.T) {
 	e := newEnv(t, up.upstream(), nil)
 	e.gov.cap = 50
 	lines := rawSSE(t, e, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[],"stream":true,"functions":[{"name":"weather"}]}`)
+	// The first event of arguments is far past the reservation (50): it
+	// is not relayed, and it is charged, as the provider sent it.
 	_, _, out, _ := e.gov.last(t)
-	if !out.Truncated || out.Counted == 0 || out.Counted > 50 {
+	if !out.Truncated || out.Counted <= 50+overTolerance(50, true) || strings.Contains(strings.Join(lines, ""), "Lisbon") {
 		t.Fatalf("function_call stream: outcome %+v", out)
 	}
 	if lines[len(lines)-1] != "[DONE]" || !strings.Contains(strings.Join(lines, ""), `"finish_reason":"length"`) {
@@ -400,7 +404,7 @@ func TestUncountedStreamCutByBytes(t *testing.T) {
 			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"vendor_thoughts":"` + pad + `"}}]}`,
 			`"finish_reason":"length"`},
 		{"responses", "/v1/responses", `{"model":"gpt-4o-mini","input":"hi","stream":true}`,
-			`{"type":"response.output_item.done","output_index":0,"item":{"type":"message","id":"m","role":"assistant","content":[{"type":"output_text","text":"` + pad + `"}]}}`,
+			`{"type":"response.vendor.heartbeat","output_index":0,"pad":"` + pad + `"}`,
 			`"status":"incomplete"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -453,12 +457,18 @@ func TestResponsesEchoIsNotCut(t *testing.T) {
 	}
 }
 
-// A client that leaves half way: the provider is hung up on, and the
-// tokens that passed are settled.
+// A client that leaves half way: the provider has the prompt and goes on
+// generating, so the stream is read on, relaying nothing, to its usage,
+// within its reservation: an endless one is hung up on there and charged
+// the whole of it, its ledger outcome client_closed.
 func TestAbandonedStream(t *testing.T) {
 	up := newScripted(t, endless("tick "))
 	e := newEnv(t, up.upstream(), nil)
-	e.gov.cap = 1 << 30
+	// Far more than the socket's buffers hold in chunks of one token: the
+	// relay cannot reach the cut before it learns of the hang-up (with
+	// 300 it could, and the cut was then the limit's, not the agent's).
+	const reserved = 20000
+	e.gov.cap = reserved
 	done := make(chan struct{})
 	e.gov.done = done
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o-mini","messages":[],"stream":true}`))
@@ -481,8 +491,48 @@ func TestAbandonedStream(t *testing.T) {
 	<-up.gone
 	<-done
 	_, _, out, _ := e.gov.last(t)
-	if out.Counted < int64(seen) || !out.Truncated || !out.Started {
-		t.Fatalf("outcome %+v after %d chunks read", out, seen)
+	if out.Counted != reserved || !out.Truncated || !out.Started || !out.Sent || out.Ended != budget.OutcomeClientClosed {
+		t.Fatalf("outcome %+v after %d chunks read, want the reservation's %d counted, client_closed", out, seen, reserved)
+	}
+}
+
+// A client that leaves while the provider is still answering: the stream
+// is read on to its usage, which is charged as it would have been, and
+// the ledger says client_closed. (The hang-up is the agent's request
+// cancelled without a cause of faregate's, as net/http cancels it.)
+func TestAbandonedStreamReadToItsUsage(t *testing.T) {
+	release := make(chan struct{})
+	up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		sse(w, chunkJSON("The first"), chunkJSON(" words"))
+		<-release
+		sse(w, chunkJSON(" and the rest."), `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":6,"total_tokens":15}}`, "data: [DONE]")
+	})
+	e := newEnv(t, up.upstream(), nil)
+	hangUp := make(chan context.CancelFunc, 1)
+	inner := e.srv.Config.Handler
+	e.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		hangUp <- cancel
+		inner.ServeHTTP(w, r.WithContext(ctx))
+	})
+	done := make(chan struct{})
+	e.gov.done = done
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o-mini","messages":[],"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.Contains(line, "The first") {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	(<-hangUp)()
+	close(release)
+	<-done
+	_, _, out, err := e.gov.last(t)
+	if err != nil || !out.Usage.Reported || out.Usage.Completion != 6 || out.Ended != budget.OutcomeClientClosed || !out.Sent {
+		t.Fatalf("outcome %+v err %v, want the provider's usage (6), client_closed", out, err)
 	}
 }
 
@@ -495,8 +545,8 @@ func TestTaskEndCutsStream(t *testing.T) {
 	e := newEnv(t, up.upstream(), nil)
 	inner := e.srv.Config.Handler
 	e.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithCancel(r.Context())
-		end = cancel
+		ctx, cancel := context.WithCancelCause(r.Context())
+		end = func() { cancel(errTaskOver) }
 		close(ready)
 		inner.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -516,10 +566,14 @@ func TestTaskEndCutsStream(t *testing.T) {
 	}
 	<-up.gone
 	_, _, out, _ := e.gov.last(t)
-	if !out.Truncated || out.Counted != acc.Usage.CompletionTokens {
+	if !out.Truncated || out.Counted != acc.Usage.CompletionTokens || out.Ended != budget.OutcomeTaskEnded || !out.Sent {
 		t.Fatalf("outcome %+v", out)
 	}
 }
+
+// errTaskOver stands for the cause the task key's watch cancels a request
+// with when its task ends (taskkey.ErrFinished).
+var errTaskOver = errors.New("test: the task ended")
 
 func TestJSONAnswers(t *testing.T) {
 	var answer string
@@ -549,11 +603,26 @@ func TestJSONAnswers(t *testing.T) {
 	if !out.Usage.Reported || out.Usage.Prompt != 1<<62 || out.Usage.Completion != 2 || !strings.Contains(out.Usage.Raw, "1e30") {
 		t.Fatalf("hostile numbers are bounded and passed on with the raw report: %+v", out.Usage)
 	}
-
-	answer = `{"choices":[{"message":{"content":"` + strings.Repeat("x", 5000) + `"}}]}`
-	if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 503 {
-		t.Fatalf("answer over the bound: %d %s", r.StatusCode, b)
+	if out.Usage.Reasoning != 2 {
+		t.Fatalf("reasoning %d of %d output tokens; want all of them, never more", out.Usage.Reasoning, out.Usage.Completion)
 	}
+	answer = `{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":10,"completion_tokens":50,"completion_tokens_details":{"reasoning_tokens":30}}}`
+	e.post(t, "/v1/chat/completions", body)
+	if _, _, out, _ = e.gov.last(t); out.Usage.Reasoning != 30 || out.Usage.Completion != 50 {
+		t.Fatalf("reasoning for the ledger: %+v", out.Usage)
+	}
+
+	// The bound is the reservation's, as a stream's: 4 KiB a reserved
+	// token and 1 MiB, and the request's echo.
+	e.gov.cap = 1
+	answer = `{"choices":[{"message":{"content":"` + strings.Repeat("x", streamBytesBase+streamBytesPerToken+4*len(body)) + `"}}]}`
+	if r, b := e.post(t, "/v1/chat/completions", body); r.StatusCode != 502 {
+		t.Fatalf("answer over the bound: %d %.200s", r.StatusCode, b)
+	}
+	if _, _, out, err := e.gov.last(t); !errors.Is(err, ErrUpstreamAnswer) || out.Counted != 1 {
+		t.Fatalf("answer over the bound: outcome %+v err %v, want the reservation counted", out, err)
+	}
+	e.gov.cap = 1000
 	for _, c := range []struct {
 		status int
 		code   string
@@ -585,8 +654,8 @@ func TestTaskEndBeforeAnswer(t *testing.T) {
 	e := newEnv(t, up.upstream(), nil)
 	inner := e.srv.Config.Handler
 	e.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
 		go func() {
 			// The task ends once the provider holds the call.
 			waitFor(t, "the provider to get the call", func() bool {
@@ -594,7 +663,7 @@ func TestTaskEndBeforeAnswer(t *testing.T) {
 				defer up.mu.Unlock()
 				return len(up.bodies) > 0
 			})
-			cancel()
+			cancel(errTaskOver)
 		}()
 		inner.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -603,6 +672,12 @@ func TestTaskEndBeforeAnswer(t *testing.T) {
 		t.Fatalf("%d %s", r.StatusCode, b)
 	}
 	<-up.gone
+	// The provider had the request: a JSON call is charged its whole
+	// reservation (nothing of the answer could be counted).
+	_, a, out, _ := e.gov.last(t)
+	if !out.Sent || out.Ended != budget.OutcomeTaskEnded || out.Counted != a.MaxOutput || out.Usage.Prompt < 1 {
+		t.Fatalf("outcome %+v, want the reservation (%d) charged, task_ended", out, a.MaxOutput)
+	}
 }
 
 // A provider's own response.failed after the stream started is relayed as
@@ -670,7 +745,6 @@ func TestLineReaderGrowsOnlyAsNeeded(t *testing.T) {
 // held 8 MiB of it before.
 func TestOpenStreamHoldsNoPrompt(t *testing.T) {
 	release := make(chan struct{})
-	defer close(release)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -686,6 +760,9 @@ func TestOpenStreamHoldsNoPrompt(t *testing.T) {
 		}
 	}))
 	defer up.Close()
+	// Before the provider closes: the streams the clients left are read
+	// on to their end (the provider has their prompts).
+	defer close(release)
 	const model = "llama-test" // counted with the bound: fast on a MiB
 	e := newEnv(t, Upstream{BaseURL: up.URL + "/v1", Client: up.Client()}, nil)
 	e.task.Models = []string{model}

@@ -8,7 +8,7 @@ import (
 
 // A usage report that does not say in numbers what was used (a string for
 // a count, a count missing) is marked Unreadable, for the governor to
-// charge as the contract says of an unparseable report; it is not taken
+// charge as the manual says of an unparseable report; it is not taken
 // for a missing report, which would be charged at the count alone. A
 // readable one and a missing one are what they were.
 func TestUnreadableUsage(t *testing.T) {

@@ -40,7 +40,7 @@ func TestChatJSONThroughOfficialClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if spec.Kind != KindChat || spec.TaskID != "t_test" || spec.Principal != "p1" || spec.Model != offline.ModelName {
+	if spec.Kind != KindChat || spec.TaskID != "t_test" || spec.Principal.ID != "p1" || spec.Model != offline.ModelName {
 		t.Fatalf("spec %+v", spec)
 	}
 	// The offline model counts with the same bound as the gateway: its

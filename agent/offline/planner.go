@@ -178,77 +178,12 @@ const maxTitle = 120
 func compose(req task.Request, res results) string {
 	w := writerFor(req.Lang())
 	g := w.prepare(gather(res.guides, req.Destination))
-	h := fnv.New32a()
-	h.Write([]byte(strings.ToLower(req.Destination)))
-	seed := int(h.Sum32() % 97)
-	pick := func(list []string, i int) (string, bool) {
-		if len(list) == 0 {
-			return "", false
-		}
-		return list[(seed+i)%len(list)], true
-	}
-	interest := func(d int) string {
-		if len(req.Interests) == 0 {
-			return ""
-		}
-		return req.Interests[(d-1)%len(req.Interests)]
-	}
-
-	// Sights are used once each, in a rotation seeded by the destination;
-	// the afternoon prefers one that matches the day's interest.
-	used := map[int]bool{}
-	nextSight := func(match string) (string, bool) {
-		for pass := 0; pass < 2; pass++ {
-			for i := range g.sights {
-				k := (seed + i) % len(g.sights)
-				if used[k] || (pass == 0 && !matchesInterest(g.sights[k], match)) {
-					continue
-				}
-				used[k] = true
-				return g.sights[k], pass == 0 && match != ""
-			}
-			if match == "" {
-				break
-			}
-		}
-		return "", false
-	}
-
+	rot := newRotation(req.Destination, g.sights)
 	var days []task.Day
 	for d := 1; d <= req.Days; d++ {
-		var items []string
-		// Titles name the day's area; the day number is a field of its own
-		// (the page prints "Day N" itself).
-		title := w.around(g.city)
-		if n, ok := pick(g.neighbourhoods, d-1); ok {
-			title = entryName(n)
-		}
-		if s, _ := nextSight(""); s != "" {
-			items = append(items, w.morning(s))
-		} else {
-			items = append(items, w.bearings(g.city))
-		}
-		if f, ok := pick(g.food, d-1); ok {
-			items = append(items, w.lunch(f))
-		}
-		in := interest(d)
-		if s, matched := nextSight(in); s != "" {
-			if !matched {
-				in = ""
-			}
-			items = append(items, w.afternoon(s, in))
-		} else if in != "" {
-			items = append(items, w.freeAfternoon(in, g.city))
-		}
-		if n, ok := pick(g.neighbourhoods, d-1); ok {
-			items = append(items, w.evening(n))
-		}
-		if line := weatherFor(w, res.forecast, d); line != "" {
-			items = append(items, line)
-		}
-		days = append(days, task.Day{Day: d, Title: clip(title, maxTitle), Items: items})
+		days = append(days, composeDay(w, g, rot, req, res.forecast, d))
 	}
-	tip, _ := pick(g.practical, 0)
+	tip, _ := rot.pick(g.practical, 0)
 	summary := w.summary(req.Days, g.city, len(res.forecast.Days) > 0 || res.forecast.Norm != nil,
 		len(g.sights)+len(g.food)+len(g.neighbourhoods) == 0, tip)
 	raw, _ := json.Marshal(struct {
@@ -256,6 +191,89 @@ func compose(req task.Request, res results) string {
 		Days    []task.Day `json:"days"`
 	}{summary, days})
 	return string(raw)
+}
+
+// composeDay is day d: a sight in the morning, lunch, a sight in the
+// afternoon that matches the day's interest if one does, the evening's
+// neighbourhood, the weather.
+func composeDay(w writer, g notes, rot *rotation, req task.Request, fc tools.Forecast, d int) task.Day {
+	var items []string
+	// Titles name the day's area; the day number is a field of its own
+	// (the page prints "Day N" itself).
+	title := w.around(g.city)
+	if n, ok := rot.pick(g.neighbourhoods, d-1); ok {
+		title = entryName(n)
+	}
+	if s, _ := rot.nextSight(""); s != "" {
+		items = append(items, w.morning(s))
+	} else {
+		items = append(items, w.bearings(g.city))
+	}
+	if f, ok := rot.pick(g.food, d-1); ok {
+		items = append(items, w.lunch(f))
+	}
+	in := ""
+	if len(req.Interests) > 0 {
+		in = req.Interests[(d-1)%len(req.Interests)]
+	}
+	if s, matched := rot.nextSight(in); s != "" {
+		if !matched {
+			in = ""
+		}
+		items = append(items, w.afternoon(s, in))
+	} else if in != "" {
+		items = append(items, w.freeAfternoon(in, g.city))
+	}
+	if n, ok := rot.pick(g.neighbourhoods, d-1); ok {
+		items = append(items, w.evening(n))
+	}
+	if line := weatherFor(w, fc, d); line != "" {
+		items = append(items, line)
+	}
+	return task.Day{Day: d, Title: clip(title, maxTitle), Items: items}
+}
+
+// rotation hands out a destination's guide entries in an order seeded by
+// its name, so one destination always reads the same and two read
+// differently: pick cycles through a list by day, nextSight uses each
+// sight once.
+type rotation struct {
+	seed   int
+	sights []string
+	used   map[int]bool
+}
+
+func newRotation(destination string, sights []string) *rotation {
+	h := fnv.New32a()
+	h.Write([]byte(strings.ToLower(destination)))
+	return &rotation{seed: int(h.Sum32() % 97), sights: sights, used: map[int]bool{}}
+}
+
+// pick is list's entry for day index i, false when the list is empty.
+func (r *rotation) pick(list []string, i int) (string, bool) {
+	if len(list) == 0 {
+		return "", false
+	}
+	return list[(r.seed+i)%len(list)], true
+}
+
+// nextSight is the next sight not used yet, preferring one that matches
+// the interest match (matched reports that it did).
+func (r *rotation) nextSight(match string) (sight string, matched bool) {
+	for pass := 0; pass < 2; pass++ {
+		for i := range r.sights {
+			k := (r.seed + i) % len(r.sights)
+			if r.used[k] || (pass == 0 && !matchesInterest(r.sights[k], match)) {
+				continue
+			}
+			r.used[k] = true
+			return r.sights[k], pass == 0 && match != ""
+		}
+		if match == "" {
+			break
+		}
+	}
+	return "", false
 }
 
 // weatherFor is the weather item of day d: that day's forecast when there

@@ -211,3 +211,29 @@ func TestUnreadableAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestBillingFields: the reasoning part of a usage report is kept (never
+// more than the output), and an error answer's HTTP status reaches the
+// caller through HTTPStatus, for the ledger.
+func TestBillingFields(t *testing.T) {
+	s := newServer(t, func(w http.ResponseWriter, _ wireRequest) {
+		sse(w, `{"id":"u","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":40,"completion_tokens_details":{"reasoning_tokens":25}}}`)
+	})
+	turn := chat.Turn{Messages: []chat.Message{chat.Text(chat.RoleUser, "go")}, MaxTokens: 10}
+	reply, err := model(t, s, Options{}).Generate(context.Background(), turn)
+	if err != nil || reply.Usage.ReasoningTokens != 25 {
+		t.Fatalf("usage %+v, %v; want 25 reasoning tokens", reply.Usage, err)
+	}
+	for _, status := range []int{429, 503} {
+		failing := newServer(t, func(w http.ResponseWriter, _ wireRequest) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			io.WriteString(w, `{"error":{"message":"busy","type":"server_error"}}`)
+		})
+		_, err := model(t, failing, Options{}).Generate(context.Background(), turn)
+		var st interface{ HTTPStatus() int }
+		if !errors.As(err, &st) || st.HTTPStatus() != status {
+			t.Errorf("an error answer %d: %v carries no such status", status, err)
+		}
+	}
+}

@@ -11,12 +11,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tmc/langchaingo/llms"
 	lcopenai "github.com/tmc/langchaingo/llms/openai"
 
 	"faregate/agent/chat"
+	"faregate/protect/breaker"
 )
 
 // DefaultModel is the provider's own default, named so the ledger says so.
@@ -24,6 +27,38 @@ const DefaultModel = "gpt-3.5-turbo"
 
 // ErrNoChoices: the server answered without a choice.
 var ErrNoChoices = errors.New("openai: the model returned no choices")
+
+// StatusError is the server's answer with a status other than 200, as
+// the breaker judges it (breaker.StatusFault: a refusal of the request
+// is the caller's, a 429 a throttle, the rest the provider's).
+type StatusError struct {
+	Status int
+	// After is the server's Retry-After in seconds (0: none; at most a
+	// minute).
+	After time.Duration
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("openai: the server answered %d", e.Status) }
+
+// BreakerFault implements breaker.Judged.
+func (e *StatusError) BreakerFault() breaker.Fault { return breaker.StatusFault(e.Status) }
+
+// RetryAfter is the server's Retry-After (0 when none).
+func (e *StatusError) RetryAfter() time.Duration { return e.After }
+
+// HTTPStatus is the server's status, for the ledger.
+func (e *StatusError) HTTPStatus() int { return e.Status }
+
+var _ breaker.Judged = (*StatusError)(nil)
+
+// statusError is resp's status as a StatusError.
+func statusError(resp *http.Response) *StatusError {
+	e := &StatusError{Status: resp.StatusCode}
+	if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s > 0 {
+		e.After = time.Duration(min(s, 60)) * time.Second
+	}
+	return e
+}
 
 // Options configures a model on an OpenAI-compatible server.
 type Options struct {
@@ -122,6 +157,11 @@ func (m *Model) Generate(ctx context.Context, t chat.Turn) (chat.Reply, error) {
 	case unreadable != "":
 		return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w: %s", chat.ErrUnreadable, unreadable)
 	case err != nil:
+		if up := call.upstreamErr(); up != nil {
+			// What the provider did, for the breaker (a status it judges,
+			// a transport's timeout), beside langchaingo's words for it.
+			return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w (%v)", up, err)
+		}
 		return chat.Reply{Usage: usage}, fmt.Errorf("openai: %w", err)
 	}
 	if resp == nil || len(resp.Choices) == 0 {

@@ -6,14 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"faregate/agent/chat"
 	"faregate/agent/task"
+	"faregate/protect/breaker"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // wireRequest is what the tests read of a /chat/completions request.
@@ -272,5 +276,66 @@ func TestChunkTyping(t *testing.T) {
 		if got := chunk([]byte(tc.raw)); got != tc.want {
 			t.Errorf("chunk(%q) = %+v, want %+v", tc.raw, got, tc.want)
 		}
+	}
+}
+
+// TestUpstreamFacts: what the provider did reaches the breaker as facts it
+// judges, not as langchaingo's text: the status and Retry-After of a
+// refusal, a refused connection, a transport's timeout.
+func TestUpstreamFacts(t *testing.T) {
+	s := newServer(t, func(w http.ResponseWriter, req wireRequest) {
+		switch c := req.Messages[0]["content"]; c {
+		case "400", "429", "503":
+			if c == "429" {
+				w.Header().Set("Retry-After", "7")
+			}
+			w.Header().Set("Content-Type", "application/json")
+			code := map[string]int{"400": 400, "429": 429, "503": 503}[c.(string)]
+			w.WriteHeader(code)
+			io.WriteString(w, `{"error":{"message":"no"}}`)
+		case "slow":
+			clocktest.Pass(300 * time.Millisecond) // a provider slow to its first byte
+			sse(w, `{"id":"5","choices":[{"index":0,"delta":{"content":"late"}}]}`)
+		}
+	})
+	turn := func(text string) chat.Turn {
+		return chat.Turn{Messages: []chat.Message{chat.Text(chat.RoleUser, text)}, MaxTokens: 10}
+	}
+	m := model(t, s, Options{})
+	for _, c := range []struct {
+		text  string
+		fault breaker.Fault
+		after time.Duration
+	}{
+		{"400", breaker.CallerFault, 0},
+		{"429", breaker.RateLimitFault, 7 * time.Second},
+		{"503", breaker.ProviderFault, 0},
+	} {
+		_, err := m.Generate(context.Background(), turn(c.text))
+		var j breaker.Judged
+		var se *StatusError
+		if !errors.As(err, &j) || j.BreakerFault() != c.fault || !errors.As(err, &se) || se.RetryAfter() != c.after {
+			t.Errorf("%s: %v, want fault %d after %v", c.text, err, c.fault, c.after)
+		}
+	}
+
+	timeout := model(t, s, Options{HTTPClient: &http.Client{Timeout: 50 * time.Millisecond}})
+	_, err := timeout.Generate(context.Background(), turn("slow"))
+	var to interface{ Timeout() bool }
+	if !errors.As(err, &to) || !to.Timeout() {
+		t.Errorf("a transport timeout: %v, want an error that says Timeout", err)
+	}
+
+	dead := httptest.NewServer(http.NotFoundHandler())
+	addr := dead.URL
+	dead.Close()
+	m, err = New(Options{BaseURL: addr + "/v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Generate(context.Background(), turn("hi"))
+	var op *net.OpError
+	if !errors.As(err, &op) {
+		t.Errorf("a refused connection: %v, want the transport's *net.OpError", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"faregate/agent/chat"
@@ -71,6 +72,10 @@ type callState struct {
 	usage      chat.Usage
 	unreadable string // why the answer could not be read; "" if it could
 	chunks     int    // data chunks read
+	// upstream is what the provider did when it did not answer 200: its
+	// status (*StatusError) or the transport's own error, which
+	// langchaingo reports only as text.
+	upstream error
 }
 
 // errClosed stops a shim that is still reading after Generate returned.
@@ -110,6 +115,18 @@ func (c *callState) setUsage(u chat.Usage) {
 	c.mu.Unlock()
 }
 
+func (c *callState) failedUpstream(err error) {
+	c.mu.Lock()
+	c.upstream = err
+	c.mu.Unlock()
+}
+
+func (c *callState) upstreamErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.upstream
+}
+
 func (c *callState) sawChunk() {
 	c.mu.Lock()
 	c.chunks++
@@ -132,10 +149,20 @@ func withCall(ctx context.Context, c *callState) context.Context {
 // RoundTrip implements http.RoundTripper.
 func (s streamShim) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := s.next.RoundTrip(req)
+	c, _ := req.Context().Value(callKey{}).(*callState)
+	if c != nil {
+		// The facts the breaker judges by, kept before langchaingo turns
+		// them into text.
+		switch {
+		case err != nil:
+			c.failedUpstream(pastDeadline(req.Context(), err))
+		case resp.StatusCode != http.StatusOK:
+			c.failedUpstream(statusError(resp))
+		}
+	}
 	if err != nil || resp.StatusCode != http.StatusOK {
 		return resp, err
 	}
-	c, _ := req.Context().Value(callKey{}).(*callState)
 	if c == nil {
 		// Not a Generate call; still read through the bounds.
 		c = &callState{}
@@ -155,7 +182,7 @@ func (s streamShim) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		src, body = bytes.NewReader(sse), io.NopCloser(nil)
 	}
-	resp.Body = &sseFilter{src: bufio.NewReaderSize(src, 64<<10), closer: body, c: c}
+	resp.Body = &sseFilter{src: bufio.NewReaderSize(src, 64<<10), closer: body, c: c, ctx: req.Context()}
 	resp.ContentLength = -1
 	resp.Header.Del("Content-Length")
 	resp.Header.Set("Content-Type", "text/event-stream")
@@ -169,6 +196,7 @@ type sseFilter struct {
 	src    *bufio.Reader
 	closer io.Closer
 	c      *callState
+	ctx    context.Context // the request's: its deadline is the client's timeout
 	out    bytes.Buffer
 	err    error
 }
@@ -210,8 +238,23 @@ func (f *sseFilter) step() {
 		if errors.Is(err, io.EOF) && f.c.chunksRead() == 0 {
 			f.c.fail("no chat.completion chunk in the answer")
 		}
+		if !errors.Is(err, io.EOF) {
+			// A stream broken off (a timeout, a reset): the transport's
+			// own error, kept for the breaker as a refused request's is.
+			f.c.failedUpstream(pastDeadline(f.ctx, err))
+		}
 		f.err = err
 	}
+}
+
+// pastDeadline is a transport's err, marked a timeout when the request's
+// deadline has passed: an http.Client's Timeout ends the request below it
+// by cancelling it, and the transport reports only "request canceled".
+func pastDeadline(ctx context.Context, err error) error {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 func (c *callState) chunksRead() int {
@@ -368,6 +411,9 @@ func readUsage(raw json.RawMessage) chat.Usage {
 	var v struct {
 		Prompt     json.RawMessage `json:"prompt_tokens"`
 		Completion json.RawMessage `json:"completion_tokens"`
+		Details    struct {
+			Reasoning json.RawMessage `json:"reasoning_tokens"`
+		} `json:"completion_tokens_details"`
 	}
 	if json.Unmarshal(raw, &v) != nil {
 		u.Unreadable = true
@@ -383,6 +429,10 @@ func readUsage(raw json.RawMessage) chat.Usage {
 		return chat.Usage{}
 	}
 	u.PromptTokens, u.CompletionTokens = p, c
+	if r, ok := integer(v.Details.Reasoning); ok {
+		// Reasoning is part of the output; a larger report is not believed.
+		u.ReasoningTokens = min(max(r, 0), max(c, 0))
+	}
 	return u
 }
 

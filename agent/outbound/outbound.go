@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync"
@@ -27,7 +26,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"faregate/protect/pause"
+	"faregate/protect/kit/pause"
 )
 
 // Header names the transport writes or reads.
@@ -55,10 +54,15 @@ const (
 	DefaultPerHost     = 2
 	DefaultCallTimeout = 8 * time.Second
 	DefaultMaxBody     = 1 << 20
-	// backoffBase is the first retry's upper bound; it doubles per attempt
-	// and the actual wait is drawn uniformly below it (full jitter).
+	// backoffBase is the first retry's longest wait (see backoff).
 	backoffBase = 200 * time.Millisecond
 )
+
+// backoff is the wait between tries when the server names none: up to
+// backoffBase, doubling per attempt, drawn from 1 % to 100 % of that (full
+// jitter that never waits nothing). Its cap is past any task's deadline,
+// so retryDelay's deadline check, not the cap, ends the growth.
+var backoff = pause.Policy{First: backoffBase, Max: time.Minute, Jitter: 0.99}
 
 // Errors returned by round trips, wrapped with the method and host.
 var (
@@ -231,7 +235,7 @@ func (t *Transport) unref(host string, h *hostSlot) {
 func (t *Transport) retryDelay(ctx context.Context, h http.Header, attempt int) (time.Duration, bool) {
 	d, fromServer := retryAfter(h, time.Now())
 	if !fromServer {
-		d = time.Duration(rand.Int64N(int64(backoffBase<<attempt) + 1))
+		d = backoff.Nth(attempt)
 	}
 	limit := t.callTimeout // with no task deadline, a server may ask for at most one call's worth
 	if dl, ok := ctx.Deadline(); ok {

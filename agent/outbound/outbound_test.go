@@ -109,6 +109,22 @@ func get(t *testing.T, c *http.Client, ctx context.Context, url string) (*http.R
 	return resp, string(b), nil
 }
 
+// fetch is get for a goroutine other than the test's: it reports through
+// its error, never through t.
+func fetch(c *http.Client, ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
 func TestIdentityHeaders(t *testing.T) {
 	var got http.Header
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -185,13 +201,17 @@ func TestThirtyEightConcurrentFetchesOneRoundTrip(t *testing.T) {
 
 	const n = 38
 	var wg sync.WaitGroup
+	open := sync.OnceFunc(func() { close(release) })
+	// However the test ends, its callers end before it does: the handlers
+	// are let go, then the callers waited for (the server closes after).
+	t.Cleanup(func() { open(); wg.Wait() })
 	bodies := make([]string, n)
 	errs := make([]error, n)
 	for i := range n {
-		wg.Go(func() { _, bodies[i], errs[i] = get(t, c, context.Background(), srv.URL+"/doc") })
+		wg.Go(func() { bodies[i], errs[i] = fetch(c, context.Background(), srv.URL+"/doc") })
 	}
 	recv(t, arrived, "the first request")
-	close(release)
+	open()
 	wg.Wait()
 
 	for i := range n {
@@ -410,19 +430,22 @@ func TestPerHostLimit(t *testing.T) {
 		cur.Add(-1)
 	}))
 	t.Cleanup(srv.Close)
-	// Cleanups run last-in first-out: handlers are released before the
-	// server waits for them, so a failing assertion cannot hang the test.
+	// Cleanups run last-in first-out: handlers are released and the
+	// callers waited for before the server waits for its handlers, so a
+	// failing assertion can neither hang the test nor leave a caller
+	// running after it.
 	released := false
+	var wg sync.WaitGroup
 	t.Cleanup(func() {
 		if !released {
 			close(release)
 		}
+		wg.Wait()
 	})
 	r := newRig(t, Options{})
 
-	var wg sync.WaitGroup
 	for i := range 6 {
-		wg.Go(func() { get(t, r.sess.Client(), context.Background(), fmt.Sprintf("%s/u%d", srv.URL, i)) })
+		wg.Go(func() { _, _ = fetch(r.sess.Client(), context.Background(), fmt.Sprintf("%s/u%d", srv.URL, i)) })
 	}
 	recv(t, arrived, "first request")
 	recv(t, arrived, "second request")
@@ -455,20 +478,19 @@ func TestHostWaitRespectsContext(t *testing.T) {
 	t.Cleanup(srv.Close)
 	r := newRig(t, Options{PerHost: 1})
 	done := make(chan error, 1)
-	t.Cleanup(func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	})
-	go func() { _, _, err := get(t, r.sess.Client(), context.Background(), srv.URL+"/a"); done <- err }()
+	open := sync.OnceFunc(func() { close(release) })
+	// The callers end before the test does (the second's task ends at
+	// the latest when the test returns, the first's handler is let go).
+	var calls sync.WaitGroup
+	t.Cleanup(func() { open(); calls.Wait() })
+	calls.Go(func() { _, err := fetch(r.sess.Client(), context.Background(), srv.URL+"/a"); done <- err })
 	recv(t, arrived, "the slot holder")
 
 	// A second request queues behind the first; its task then ends.
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	queued := make(chan error, 1)
-	go func() { _, _, err := get(t, r.sess.Client(), ctx, srv.URL+"/b"); queued <- err }()
+	calls.Go(func() { _, err := fetch(r.sess.Client(), ctx, srv.URL+"/b"); queued <- err })
 	waitFor(t, "the second request to queue for the host", func() bool { return r.tr.waiting(srv.Listener.Addr().String()) == 2 })
 	cancel()
 	var err error
@@ -482,7 +504,7 @@ func TestHostWaitRespectsContext(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
-	close(release)
+	open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -623,8 +645,11 @@ func TestAbandonedLeaderDoesNotPoisonCache(t *testing.T) {
 	r := newRig(t, Options{})
 
 	ctx, cancel := context.WithCancel(context.Background())
+	// However the test ends, the leader's task ends and it is waited for.
+	var leader sync.WaitGroup
+	t.Cleanup(func() { cancel(); leader.Wait() })
 	done := make(chan error, 1)
-	go func() { _, _, err := get(t, r.sess.Client(), ctx, srv.URL); done <- err }()
+	leader.Go(func() { _, err := fetch(r.sess.Client(), ctx, srv.URL); done <- err })
 	recv(t, arrived, "the leader")
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

@@ -27,13 +27,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"faregate/agent"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
 	"faregate/protect/codes"
+	"faregate/protect/kit/pause"
 )
 
 // Options configure an Executor.
@@ -49,9 +48,11 @@ type Options struct {
 	// also the result's).
 	Model, EmbeddingModel string
 	Keys                  *taskkey.Keys
-	// Inbox is the client of the lease holder's blocking inbox reads: one
-	// connection per running task, so a pool of the runner's concurrency.
-	Inbox redis.UniversalClient
+	// Inbox reads the task's inbox, where what the agent posts lands. Its
+	// waits pool (taskstore.Store.WithWaits) holds one connection per
+	// running task while the lease holder waits on it: give it a pool of
+	// the runner's concurrency.
+	Inbox *taskstore.Store
 	// Client sends deliveries; the run's deadline bounds each (default: a
 	// client with no timeout of its own and no redirects).
 	Client *http.Client
@@ -93,13 +94,14 @@ func New(o Options) *Executor {
 	return &Executor{o: o}
 }
 
-// Delivery is the body POSTed to the agent (the contract's JSON).
+// Delivery is the body POSTed to the agent (the documented JSON).
 type Delivery struct {
-	Task      DeliveryTask   `json:"task"`
-	OpenAI    DeliveryOpenAI `json:"openai"`
-	Tools     DeliveryTools  `json:"tools"`
-	EventsURL string         `json:"events_url"`
-	ResultURL string         `json:"result_url"`
+	Task      DeliveryTask      `json:"task"`
+	OpenAI    DeliveryOpenAI    `json:"openai"`
+	Anthropic DeliveryAnthropic `json:"anthropic"`
+	Tools     DeliveryTools     `json:"tools"`
+	EventsURL string            `json:"events_url"`
+	ResultURL string            `json:"result_url"`
 }
 
 // DeliveryTask is the task as the agent sees it.
@@ -108,7 +110,15 @@ type DeliveryTask struct {
 	Request  json.RawMessage `json:"request"`
 	Deadline time.Time       `json:"deadline"`
 	SentAt   time.Time       `json:"sent_at"`
+	// Precision is PrecisionLow for a task AITF let through degraded (its
+	// traffic looked automated while the delay queue was long): the
+	// agent should do less (fewer steps, no page fetching), and its /v1
+	// model calls go to the fallback model first. Absent otherwise.
+	Precision string `json:"precision,omitempty"`
 }
+
+// PrecisionLow is DeliveryTask.Precision of a task run at low precision.
+const PrecisionLow = "low"
 
 // DeliveryOpenAI is what an OpenAI client needs to call the model endpoint.
 type DeliveryOpenAI struct {
@@ -116,6 +126,15 @@ type DeliveryOpenAI struct {
 	APIKey         string `json:"api_key"`
 	Model          string `json:"model"`
 	EmbeddingModel string `json:"embedding_model"`
+}
+
+// DeliveryAnthropic is what an Anthropic client needs to call the model
+// endpoint's Messages route: its base URL is the callback's root, as
+// Anthropic's SDKs append /v1/messages themselves.
+type DeliveryAnthropic struct {
+	BaseURL string `json:"base_url"`
+	APIKey  string `json:"api_key"`
+	Model   string `json:"model"`
 }
 
 // DeliveryTools locates the tools.
@@ -162,7 +181,7 @@ type outcome struct {
 
 // Run delivers rec to the agent and waits for its result until the run's
 // deadline (ctx's). It fills in rec.Result and the agent's steps, or
-// returns a failure with the contract's code.
+// returns a failure with the documented code.
 func (e *Executor) Run(ctx context.Context, rec *task.Record, progress agent.Progress) error {
 	l, ok := taskstore.LeaseFrom(ctx)
 	if !ok {
@@ -187,33 +206,65 @@ func (e *Executor) Run(ctx context.Context, rec *task.Record, progress agent.Pro
 		}
 	}()
 
+	body, err := e.delivery(rec, key, deadline)
+	if err != nil {
+		return err
+	}
+	final, failed := r.await(ctx, body)
+	// Revoke first, then read what is left: whatever the key could still
+	// write is in the inbox by now, and nothing comes after.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := e.o.Keys.Revoke(rctx, rec.ID); err != nil {
+		r.lg.Warn("task key not revoked", "err", err.Error())
+	}
+	if a := r.drain(rctx); a != nil && final == nil && (failed == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		// Posted (and accepted by the key) before the deadline.
+		final, failed = a, nil
+	}
+	return r.finish(final, failed)
+}
+
+// delivery is the signed body's JSON: the task, the endpoints in each
+// client's terms with the task's key, the tools and the callbacks.
+func (e *Executor) delivery(rec *task.Record, key string, deadline time.Time) ([]byte, error) {
+	dt := DeliveryTask{ID: rec.ID, Request: deliveryRequest(rec.Request), Deadline: deadline, SentAt: e.o.Now().UTC().Truncate(time.Second)}
+	if rec.AITF.Degraded {
+		// As the planner's run does: the task says it ran at low precision.
+		dt.Precision = PrecisionLow
+		if !contains(rec.Warnings, codes.LowPrecision) {
+			rec.Warnings = append(rec.Warnings, codes.LowPrecision)
+		}
+	}
 	cb := strings.TrimRight(e.o.Callback(), "/")
 	body, err := json.Marshal(Delivery{
-		Task: DeliveryTask{ID: rec.ID, Request: deliveryRequest(rec.Request), Deadline: deadline, SentAt: e.o.Now().UTC().Truncate(time.Second)},
+		Task: dt,
 		OpenAI: DeliveryOpenAI{BaseURL: cb + "/v1", APIKey: key, Model: e.o.Model,
 			EmbeddingModel: e.o.EmbeddingModel},
+		Anthropic: DeliveryAnthropic{BaseURL: cb, APIKey: key, Model: e.o.Model},
 		Tools:     DeliveryTools{FetchURL: cb + "/v1/tools/fetch"},
 		EventsURL: cb + "/v1/tasks/" + rec.ID + "/events",
 		ResultURL: cb + "/v1/tasks/" + rec.ID + "/result",
 	})
-	if err != nil {
-		return err
-	}
+	return body, err
+}
 
+// await delivers body and applies what the task's key writes (events,
+// a posted result) until the agent's answer, a posted result, a failure
+// or the run's end: the answer, or why there is none.
+func (r *run) await(ctx context.Context, body []byte) (final *task.Answer, failed error) {
 	// The reader only reads; every entry is applied here, in order, so
 	// the record has one writer and the run's end need not wait for a
 	// blocked read to return.
 	readCtx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
-	batches := make(chan []taskkey.Message)
+	batches := make(chan []taskstore.Message)
 	go r.follow(readCtx, batches)
 	delivered := make(chan outcome, 1)
 	postCtx, stopPost := context.WithCancel(ctx)
 	defer stopPost()
-	go func() { delivered <- e.deliver(postCtx, body) }()
+	go func() { delivered <- r.e.deliver(postCtx, body) }()
 
-	var final *task.Answer
-	var failed error
 	accepted := false
 	// ended is the failure of a run whose context ended first.
 	ended := func() error {
@@ -221,9 +272,9 @@ func (e *Executor) Run(ctx context.Context, rec *task.Record, progress agent.Pro
 		case !errors.Is(ctx.Err(), context.DeadlineExceeded):
 			return ctx.Err() // shutdown or a lost lease: the runner says which
 		case accepted:
-			return agent.Fail(task.CodeAgentTimeout, "the agent accepted the task but sent no answer before the deadline")
+			return task.Fail(codes.AgentTimeout, "the agent accepted the task but sent no answer before the deadline")
 		}
-		return agent.Fail(task.CodeAgentUnreachable, "the agent did not answer before the deadline")
+		return task.Fail(codes.AgentUnreachable, "the agent did not answer before the deadline")
 	}
 wait:
 	for {
@@ -258,19 +309,13 @@ wait:
 			break wait
 		}
 	}
-	stopPost()
-	stopReading()
-	// Revoke first, then read what is left: whatever the key could still
-	// write is in the inbox by now, and nothing comes after.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := e.o.Keys.Revoke(rctx, rec.ID); err != nil {
-		r.lg.Warn("task key not revoked", "err", err.Error())
-	}
-	if a := r.drain(rctx); a != nil && final == nil && (failed == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
-		// Posted (and accepted by the key) before the deadline.
-		final, failed = a, nil
-	}
+	return final, failed
+}
+
+// finish is the run's end from the answer final, or the failure failed:
+// the record's result, or the task's failure code.
+func (r *run) finish(final *task.Answer, failed error) error {
+	rec, e := r.rec, r.e
 	if failed == nil && final == nil && r.ended != nil {
 		failed = r.ended
 	}
@@ -278,11 +323,11 @@ wait:
 		return failed
 	}
 	if final == nil {
-		return agent.Fail(codes.AgentFailed, "the agent sent no answer")
+		return task.Fail(codes.AgentFailed, "the agent sent no answer")
 	}
 	if final.Error != nil {
 		r.lg.Info("agent reported an error", "agent_code", clip(final.Error.Code, 64))
-		return agent.Fail(codes.AgentFailed, "the agent reported an error and could not finish the task")
+		return task.Fail(codes.AgentFailed, "the agent reported an error and could not finish the task")
 	}
 	res := &task.Result{Text: final.Result.Text, Model: e.o.Model, Language: rec.Request.Lang(),
 		Warnings: append([]string{}, rec.Warnings...)}
@@ -309,7 +354,7 @@ func (e *Executor) deliver(ctx context.Context, body []byte) outcome {
 		}}
 		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, e.o.URL, bytes.NewReader(body))
 		if err != nil {
-			return outcome{err: agent.Fail(task.CodeAgentUnreachable, "the agent's address cannot be requested")}
+			return outcome{err: task.Fail(codes.AgentUnreachable, "the agent's address cannot be requested")}
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Faregate-Signature", Sign(e.o.Secret, body))
@@ -325,7 +370,7 @@ func (e *Executor) deliver(ctx context.Context, body []byte) outcome {
 		}
 		if wrote.Load() || attempt >= e.o.Retries {
 			e.o.Logger.Info("agent unreachable", "attempts", attempt+1, "err", redact(err))
-			return outcome{err: agent.Fail(task.CodeAgentUnreachable, "the agent could not be reached")}
+			return outcome{err: task.Fail(codes.AgentUnreachable, "the agent could not be reached")}
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -348,19 +393,19 @@ func (e *Executor) answer(resp *http.Response) outcome {
 	case http.StatusOK:
 	default:
 		e.o.Logger.Info("agent refused the delivery", "status", resp.StatusCode)
-		return outcome{err: agent.Fail(codes.AgentFailed, fmt.Sprintf("the agent answered %d", resp.StatusCode))}
+		return outcome{err: task.Fail(codes.AgentFailed, fmt.Sprintf("the agent answered %d", resp.StatusCode))}
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
-		return outcome{err: agent.Fail(codes.AgentFailed, "the agent's answer broke off")}
+		return outcome{err: task.Fail(codes.AgentFailed, "the agent's answer broke off")}
 	}
 	if len(body) > maxAnswer {
-		return outcome{err: agent.Fail(codes.AgentFailed, "the agent's answer is too large")}
+		return outcome{err: task.Fail(codes.AgentFailed, "the agent's answer is too large")}
 	}
 	a, err := task.ParseAnswer(body)
 	if err != nil {
 		e.o.Logger.Info("agent answered an invalid body", "why", err.Error())
-		return outcome{err: agent.Fail(codes.AgentFailed, "the agent's answer is not valid: "+err.Error())}
+		return outcome{err: task.Fail(codes.AgentFailed, "the agent's answer is not valid: "+err.Error())}
 	}
 	return outcome{answer: &a}
 }
@@ -378,32 +423,43 @@ type run struct {
 	// ended is a failure the model endpoint reported for the task (an
 	// input spike ends it): the run stops with it.
 	ended error
+	// embed is the record's step for the current block of embedding calls
+	// (EmbeddingStepEvery of them); nil before the first.
+	embed *embedBlock
+}
+
+// EmbeddingStepEvery is how many embedding calls share one step of the
+// task record: an agent that embeds thousands of chunks adds a step per
+// hundred calls, not one each, so the record and the visitor's stream stay
+// small. Their tokens count on the task's usage as every model step's do.
+const EmbeddingStepEvery = 100
+
+// embedBlock is the step a block of embedding calls is summed up in.
+type embedBlock struct {
+	seq                   int // the step's Seq (its index is Seq-1)
+	calls, failed, tokens int64
 }
 
 // follow reads the inbox as it fills and hands each batch over, until ctx
 // ends. Its cursor is its own: a batch read but not taken when the run
 // ends is read again by drain, from the last entry applied.
-func (r *run) follow(ctx context.Context, batches chan<- []taskkey.Message) {
+func (r *run) follow(ctx context.Context, batches chan<- []taskstore.Message) {
 	cursor := "0"
-	backoff := 100 * time.Millisecond
+	// Waits while Redis is away, as the runner's queue reader does.
+	backoff := pause.Policy{First: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}.Backoff()
 	for ctx.Err() == nil {
-		msgs, err := r.e.o.Keys.Read(ctx, r.e.o.Inbox, r.rec.ID, cursor, time.Second)
+		msgs, err := r.e.o.Inbox.ReadInbox(ctx, r.rec.ID, cursor, time.Second)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			r.lg.Debug("task inbox not read", "err", err.Error())
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if backoff.Wait(ctx) != nil {
 				return
-			case <-t.C:
 			}
-			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		if len(msgs) == 0 {
 			continue
 		}
@@ -424,7 +480,7 @@ func (r *run) drain(ctx context.Context) *task.Answer {
 	}
 	var found *task.Answer
 	for {
-		msgs, err := r.e.o.Keys.Read(ctx, nil, r.rec.ID, r.last, 0)
+		msgs, err := r.e.o.Inbox.ReadInbox(ctx, r.rec.ID, r.last, 0)
 		if err != nil || len(msgs) == 0 {
 			break
 		}
@@ -442,7 +498,7 @@ func (r *run) drain(ctx context.Context) *task.Answer {
 
 // apply takes one inbox entry: a step onto the record and the visitor's
 // stream, or the posted answer (returned).
-func (r *run) apply(m taskkey.Message) *task.Answer {
+func (r *run) apply(m taskstore.Message) *task.Answer {
 	r.last = m.ID
 	switch m.Type {
 	case taskkey.TypeResult:
@@ -460,14 +516,18 @@ func (r *run) apply(m taskkey.Message) *task.Answer {
 			return nil
 		}
 		if m.Type == taskkey.TypeStep && p.Fail == codes.InputSpike && r.ended == nil {
-			// The contract: an input spike ends the task with its code.
-			r.ended = agent.Fail(codes.InputSpike, "a model call's prompt was far larger than usual for this visitor, so it was not made")
+			// As documented: an input spike ends the task with its code.
+			r.ended = task.Fail(codes.InputSpike, "a model call's prompt was far larger than usual for this visitor, so it was not made")
 		}
 		if m.Type == taskkey.TypeStep {
 			// What a model call was charged counts on the task's usage;
 			// an agent's own events carry no usage of any weight.
 			r.rec.Usage.PromptTokens = addTokens(r.rec.Usage.PromptTokens, p.PromptTokens)
 			r.rec.Usage.CompletionTokens = addTokens(r.rec.Usage.CompletionTokens, p.CompletionTokens)
+			if p.Kind == stepKindModel && p.Name == stepEmbeddings {
+				r.embedding(p)
+				return nil
+			}
 		}
 		p.PromptTokens, p.CompletionTokens, p.Fail = 0, 0, ""
 		r.step(p)
@@ -483,8 +543,10 @@ func (r *run) step(p taskkey.Posted) {
 	if p.Kind == "" {
 		p.Kind = task.KindAgent
 	}
-	if p.Warning != "" && !contains(r.rec.Warnings, p.Warning) {
-		r.rec.Warnings = append(r.rec.Warnings, p.Warning)
+	for _, w := range append([]string{p.Warning}, p.Warnings...) {
+		if w != "" && !contains(r.rec.Warnings, w) {
+			r.rec.Warnings = append(r.rec.Warnings, w)
+		}
 	}
 	var s *task.Step
 	if p.Status != "started" {
@@ -517,6 +579,48 @@ func (r *run) step(p taskkey.Posted) {
 	if err := r.progress(r.rec, task.Event{Type: task.EventStep, Data: data}); err != nil {
 		// Best effort for the live view, as the planner's steps are; the
 		// final save carries the steps.
+		r.lg.Warn("agent step not saved", "err", err.Error())
+	}
+}
+
+// The model endpoint's steps (agent/gateway's record):
+// kind model, named by the call's kind.
+const (
+	stepKindModel  = "model"
+	stepEmbeddings = "embeddings"
+)
+
+// embedding sums an embedding call's step into its block's step: the
+// first call of a block appends it, the others update it in place, and
+// the visitor's stream is told when a block opens and when it is full
+// (the final record carries the last block as it ended).
+func (r *run) embedding(p taskkey.Posted) {
+	if p.Warning != "" && !contains(r.rec.Warnings, p.Warning) {
+		r.rec.Warnings = append(r.rec.Warnings, p.Warning)
+	}
+	b := r.embed
+	if b == nil || b.calls >= EmbeddingStepEvery {
+		r.rec.Steps = append(r.rec.Steps, task.Step{Seq: len(r.rec.Steps) + 1, Kind: stepKindModel, Name: stepEmbeddings})
+		b = &embedBlock{seq: len(r.rec.Steps)}
+		r.embed = b
+	}
+	b.calls++
+	if p.Status == "failed" {
+		b.failed++
+	}
+	b.tokens = addTokens(b.tokens, addTokens(p.PromptTokens, p.CompletionTokens))
+	s := &r.rec.Steps[b.seq-1]
+	s.Status = "ok"
+	if b.failed == b.calls {
+		s.Status = "failed"
+	}
+	s.DurationMS = addTokens(s.DurationMS, p.DurationMS)
+	s.Detail = fmt.Sprintf("%d embedding calls, %d failed: %d tokens", b.calls, b.failed, b.tokens)
+	if b.calls != 1 && b.calls != EmbeddingStepEvery {
+		return
+	}
+	data, _ := json.Marshal(*s)
+	if err := r.progress(r.rec, task.Event{Type: task.EventStep, Data: data}); err != nil {
 		r.lg.Warn("agent step not saved", "err", err.Error())
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,27 +16,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"faregate/agent"
 	"faregate/agent/task"
 	"faregate/agent/taskkey"
 	"faregate/agent/taskstore"
 	"faregate/protect/codes"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 const secret = "remote-test-secret-0123"
 
 // fixture is one task ready to run under a lease, on miniredis.
 type fixture struct {
-	rdb  redis.UniversalClient
-	keys *taskkey.Keys
-	rec  task.Record
-	l    taskstore.Lease
+	store *taskstore.Store
+	keys  *taskkey.Keys
+	rec   task.Record
+	l     taskstore.Lease
 
 	mu     sync.Mutex
 	events []task.Event
+
+	// agents are the goroutines a fake agent started to post for its task.
+	agents sync.WaitGroup
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -53,7 +54,23 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{rdb: be.Client, keys: taskkey.New(be.Client, taskkey.Options{MaxEvents: 5}), rec: rec, l: l}
+	f := &fixture{store: s, keys: taskkey.New(be.Client, taskkey.Options{}), rec: rec, l: l}
+	// Registered after Redis's own cleanup, so it runs before it: an agent
+	// goroutine's last post, and its report through t, are done before
+	// Redis closes and the test ends. The agent server, started after the
+	// fixture, is closed first: no handler starts another goroutine then.
+	t.Cleanup(f.agents.Wait)
+	return f
+}
+
+// agent runs post as a fake agent's work after its 202: on a goroutine of
+// its own, which the test waits for before it ends.
+func (f *fixture) agent(post func()) {
+	f.agents.Add(1)
+	go func() {
+		defer f.agents.Done()
+		post()
+	}()
 }
 
 func (f *fixture) progress(rec *task.Record, evs ...task.Event) error {
@@ -66,7 +83,7 @@ func (f *fixture) progress(rec *task.Record, evs ...task.Event) error {
 // run runs the executor against agentURL with a deadline life from now.
 func (f *fixture) run(t *testing.T, agentURL string, life time.Duration, o Options) (*task.Record, error) {
 	t.Helper()
-	o.URL, o.Secret, o.Keys, o.Inbox = agentURL, secret, f.keys, f.rdb
+	o.URL, o.Secret, o.Keys, o.Inbox = agentURL, secret, f.keys, f.store
 	o.Callback = func() string { return "http://faregate.test/" }
 	o.Model = "demo-model"
 	if o.RetryWait == 0 {
@@ -103,11 +120,11 @@ func agentServer(t *testing.T, h func(d Delivery, w http.ResponseWriter, r *http
 }
 
 func code(err error) string {
-	c, _, _ := agent.FailureCode(err)
+	c, _, _ := task.FailureOf(err)
 	return c
 }
 
-// TestDeliveryAndSyncResult: the delivery is the contract's, with a key
+// TestDeliveryAndSyncResult: the delivery is the documented one, with a key
 // that works while the task runs and not after; a 200 result becomes the
 // task's text result.
 func TestDeliveryAndSyncResult(t *testing.T) {
@@ -128,7 +145,8 @@ func TestDeliveryAndSyncResult(t *testing.T) {
 	if d.Task.ID != f.rec.ID || string(d.Task.Request) != `{"destination":"Lisbon","days":2,"interests":["food"],"language":"en"}` ||
 		d.OpenAI.BaseURL != "http://faregate.test/v1" || d.Tools.FetchURL != "http://faregate.test/v1/tools/fetch" ||
 		d.EventsURL != "http://faregate.test/v1/tasks/"+f.rec.ID+"/events" || d.ResultURL != "http://faregate.test/v1/tasks/"+f.rec.ID+"/result" ||
-		d.OpenAI.Model != "demo-model" || !strings.HasPrefix(d.OpenAI.APIKey, taskkey.Prefix) {
+		d.OpenAI.Model != "demo-model" || !strings.HasPrefix(d.OpenAI.APIKey, taskkey.Prefix) ||
+		d.Anthropic != (DeliveryAnthropic{BaseURL: "http://faregate.test", APIKey: d.OpenAI.APIKey, Model: "demo-model"}) {
 		t.Fatalf("delivery %+v", d)
 	}
 	if left := d.Task.Deadline.Sub(d.Task.SentAt); left < 4*time.Second || left > 6*time.Second {
@@ -141,22 +159,52 @@ func TestDeliveryAndSyncResult(t *testing.T) {
 	if string(raw) != `{"text":"# Hi","title":"Greeting","warnings":[],"model":"demo-model","language":"en"}` {
 		t.Fatalf("result JSON %s", raw)
 	}
-	if _, err := f.keys.Authenticate(context.Background(), d.OpenAI.APIKey); !errors.Is(err, taskkey.ErrInvalid) {
-		t.Fatalf("key after the run: %v", err)
+	// The run is over: its key says so (409 task_finished on /v1).
+	if _, err := f.keys.Authenticate(context.Background(), d.OpenAI.APIKey); !errors.Is(err, taskkey.ErrFinished) {
+		t.Fatalf("key after the run: %v, want ErrFinished", err)
+	}
+}
+
+// TestLowPrecisionDelivery: a task AITF let through degraded is delivered
+// with "precision": "low" inside task, and its result carries the
+// low_precision warning as the planner's does; any other task's delivery
+// has no precision member at all.
+func TestLowPrecisionDelivery(t *testing.T) {
+	for _, degraded := range []bool{false, true} {
+		f := newFixture(t)
+		f.rec.AITF.Degraded = degraded
+		var raw []byte
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			raw, _ = io.ReadAll(r.Body)
+			_, _ = io.WriteString(w, `{"result":{"text":"ok"}}`)
+		}))
+		t.Cleanup(srv.Close)
+		rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d struct {
+			Task map[string]json.RawMessage `json:"task"`
+		}
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Fatal(err)
+		}
+		p, has := d.Task["precision"]
+		warned := slices.Contains(rec.Result.Warnings, codes.LowPrecision)
+		if degraded && (string(p) != `"low"` || !warned) || !degraded && (has || warned) {
+			t.Errorf("degraded %v: task.precision %s (present %v), result warnings %v", degraded, p, has, rec.Result.Warnings)
+		}
 	}
 }
 
 // TestPostedResultAndSteps: 202, then progress and the result through the
 // inbox (as any replica's /v1 writes them): steps open and close in place
-// with a duration; the posted result wins; events after the limit are
-// refused.
+// with a duration; the posted result wins.
 func TestPostedResultAndSteps(t *testing.T) {
 	f := newFixture(t)
-	posting := make(chan struct{})
 	srv, _ := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
-		go func() {
-			defer close(posting)
+		f.agent(func() {
 			ctx := context.Background()
 			g, err := f.keys.Authenticate(ctx, d.OpenAI.APIKey)
 			if err != nil {
@@ -173,17 +221,17 @@ func TestPostedResultAndSteps(t *testing.T) {
 					t.Error(err)
 				}
 			}
-			step, _ := json.Marshal(taskkey.Posted{Kind: "model", Name: "gpt", Status: "ok", DurationMS: 12, Warning: codes.OutputTruncated})
+			step, _ := json.Marshal(taskkey.Posted{Kind: "model", Name: "gpt", Status: "ok", DurationMS: 12, Warning: codes.OutputTruncated,
+				Warnings: []string{codes.Throttled, codes.Downgraded, codes.Throttled}})
 			if err := f.keys.Step(ctx, g, step); err != nil {
 				t.Error(err)
 			}
 			if err := f.keys.Result(ctx, g, []byte(`{"result":{"text":"posted"}}`)); err != nil {
 				t.Errorf("result: %v", err)
 			}
-		}()
+		})
 	})
 	rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
-	<-posting // the posts' replies may come after the run took them
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +242,7 @@ func TestPostedResultAndSteps(t *testing.T) {
 		rec.Steps[1].Status != "failed" || rec.Steps[1].Seq != 2 || rec.Steps[2].Kind != "model" || rec.Steps[2].DurationMS != 12 {
 		t.Fatalf("steps %+v", rec.Steps)
 	}
-	if len(rec.Result.Warnings) != 1 || rec.Result.Warnings[0] != codes.OutputTruncated {
+	if !slices.Equal(rec.Result.Warnings, []string{codes.OutputTruncated, codes.Throttled, codes.Downgraded}) {
 		t.Fatalf("warnings %v", rec.Result.Warnings)
 	}
 	f.mu.Lock()
@@ -205,8 +253,78 @@ func TestPostedResultAndSteps(t *testing.T) {
 	}
 }
 
+// TestEmbeddingStepsBounded: embedding calls add a step per
+// EmbeddingStepEvery to the record, not one each; every call's tokens
+// count on the task's usage; the visitor's stream hears of a block when it
+// opens and when it is full.
+func TestEmbeddingStepsBounded(t *testing.T) {
+	f := newFixture(t)
+	const calls = 2*EmbeddingStepEvery + 50
+	srv, _ := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		f.agent(func() {
+			ctx := context.Background()
+			g, err := f.keys.Authenticate(ctx, d.OpenAI.APIKey)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for i := range calls {
+				st := taskkey.Posted{Kind: "model", Name: "embeddings", Status: "ok", DurationMS: 2, PromptTokens: 3}
+				if i%EmbeddingStepEvery == 7 {
+					st.Status, st.PromptTokens = "failed", 0
+				}
+				raw, _ := json.Marshal(st)
+				if err := f.keys.Step(ctx, g, raw); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			chat, _ := json.Marshal(taskkey.Posted{Kind: "model", Name: "chat", Status: "ok", PromptTokens: 40, CompletionTokens: 9})
+			if err := f.keys.Step(ctx, g, chat); err != nil {
+				t.Error(err)
+			}
+			if err := f.keys.Result(ctx, g, []byte(`{"result":{"text":"done"}}`)); err != nil {
+				t.Errorf("result: %v", err)
+			}
+		})
+	})
+	rec, err := f.run(t, srv.URL, 20*time.Second, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var embeds []task.Step
+	for _, s := range rec.Steps {
+		if s.Name == "embeddings" {
+			embeds = append(embeds, s)
+		}
+	}
+	want := []string{"100 embedding calls, 1 failed: 297 tokens", "100 embedding calls, 1 failed: 297 tokens", "50 embedding calls, 1 failed: 147 tokens"}
+	if len(rec.Steps) != 4 || len(embeds) != 3 {
+		t.Fatalf("%d steps (%d of embeddings), want 3 for %d embedding calls and the chat call's: %+v", len(rec.Steps), len(embeds), calls, rec.Steps)
+	}
+	for i, s := range embeds {
+		if s.Detail != want[i] || s.Status != "ok" || s.Kind != "model" || s.Seq != i+1 {
+			t.Fatalf("embedding step %d: %+v, want %q", i, s, want[i])
+		}
+	}
+	if embeds[0].DurationMS != 2*EmbeddingStepEvery {
+		t.Fatalf("the block's duration %d, want the sum of its calls'", embeds[0].DurationMS)
+	}
+	if rec.Usage.PromptTokens != 3*(calls-3)+40 || rec.Usage.CompletionTokens != 9 {
+		t.Fatalf("usage %+v", rec.Usage)
+	}
+	f.mu.Lock()
+	n := len(f.events)
+	f.mu.Unlock()
+	// Three blocks opened, two filled, and the chat step.
+	if n != 3+2+1 {
+		t.Fatalf("%d step events published, want 6", n)
+	}
+}
+
 // TestAgentFailures: each way the agent can fail ends the run with the
-// contract's code; a delivery whose connection failed before any answer
+// documented code; a delivery whose connection failed before any answer
 // is sent three times in all, the same body each time.
 func TestAgentFailures(t *testing.T) {
 	var resets atomic.Int64
@@ -233,13 +351,13 @@ func TestAgentFailures(t *testing.T) {
 		{"posted error", func(d Delivery, w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, `{"error":{"code":"mine","message":"no"}}`)
 		}, 5 * time.Second, codes.AgentFailed},
-		{"hang", func(d Delivery, w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, 700 * time.Millisecond, task.CodeAgentUnreachable},
-		{"silent 202", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(202) }, 700 * time.Millisecond, task.CodeAgentTimeout},
+		{"hang", func(d Delivery, w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, 700 * time.Millisecond, codes.AgentUnreachable},
+		{"silent 202", func(d Delivery, w http.ResponseWriter, r *http.Request) { w.WriteHeader(202) }, 700 * time.Millisecond, codes.AgentTimeout},
 		{"reset", func(d Delivery, w http.ResponseWriter, r *http.Request) {
 			resets.Add(1)
 			c, _, _ := w.(http.Hijacker).Hijack()
 			_ = c.Close()
-		}, 5 * time.Second, task.CodeAgentUnreachable},
+		}, 5 * time.Second, codes.AgentUnreachable},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -264,7 +382,7 @@ func TestAgentFailures(t *testing.T) {
 		srv := httptest.NewServer(http.NotFoundHandler())
 		url := srv.URL
 		srv.Close()
-		if _, err := f.run(t, url, 5*time.Second, Options{}); code(err) != task.CodeAgentUnreachable {
+		if _, err := f.run(t, url, 5*time.Second, Options{}); code(err) != codes.AgentUnreachable {
 			t.Fatalf("refused: %v", err)
 		}
 	})
@@ -280,7 +398,7 @@ func TestRunEnds(t *testing.T) {
 		w.WriteHeader(202)
 		close(started)
 	})
-	e := New(Options{URL: srv.URL, Secret: secret, Keys: f.keys, Inbox: f.rdb, Callback: func() string { return "http://x" }})
+	e := New(Options{URL: srv.URL, Secret: secret, Keys: f.keys, Inbox: f.store, Callback: func() string { return "http://x" }})
 	ctx, cancel := context.WithTimeout(taskstore.WithLease(context.Background(), f.l), time.Minute)
 	go func() { <-started; cancel() }()
 	rec := f.rec
@@ -307,7 +425,7 @@ func TestModelStepsChargeAndEnd(t *testing.T) {
 	f := newFixture(t)
 	srv, _ := agentServer(t, func(d Delivery, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
-		go func() {
+		f.agent(func() {
 			ctx := context.Background()
 			g, err := f.keys.Authenticate(ctx, d.OpenAI.APIKey)
 			if err != nil {
@@ -328,10 +446,10 @@ func TestModelStepsChargeAndEnd(t *testing.T) {
 					t.Error(err)
 				}
 			}
-		}()
+		})
 	})
 	rec, err := f.run(t, srv.URL, 5*time.Second, Options{})
-	if code, _, ok := agent.FailureCode(err); !ok || code != codes.InputSpike {
+	if code, _, ok := task.FailureOf(err); !ok || code != codes.InputSpike {
 		t.Fatalf("run ended %v, want the task code input_spike", err)
 	}
 	if rec.Usage.PromptTokens != 100 || rec.Usage.CompletionTokens != 20 {

@@ -10,18 +10,6 @@ import (
 	"unicode/utf8"
 )
 
-// Failure codes of an external agent's task (FAREGATE_AGENT_URL).
-// CodeAgentFailed widens to: the agent answered non-2xx or an invalid
-// body, or posted an error.
-const (
-	// CodeAgentUnreachable: the delivery met a refused connection, a TLS
-	// failure, or no answer before the deadline.
-	CodeAgentUnreachable = "agent_unreachable"
-	// CodeAgentTimeout: the agent accepted the task (202) but posted no
-	// result before the deadline.
-	CodeAgentTimeout = "agent_timeout"
-)
-
 // KindAgent is the kind of a step an external agent reported itself
 // (POST /v1/tasks/{id}/events); the page shows it as it shows the
 // planner's model and tool steps.
@@ -52,7 +40,7 @@ type planResult struct {
 
 // MarshalJSON writes a plan as {"summary","days",…} and an external
 // agent's answer as {"text","title"?,"warnings","model","language"}: one
-// type in Go, the two shapes the contract gives clients.
+// type in Go, the two shapes the manual gives clients.
 func (r Result) MarshalJSON() ([]byte, error) {
 	ws := r.Warnings
 	if ws == nil {

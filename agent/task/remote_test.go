@@ -42,7 +42,7 @@ func TestParseAnswer(t *testing.T) {
 }
 
 // TestResultShapes: a plan keeps its shape; an agent's text result has
-// the contract's {"text","title"?,"warnings","model","language"}.
+// the documented {"text","title"?,"warnings","model","language"}.
 func TestResultShapes(t *testing.T) {
 	plan, _ := json.Marshal(Result{Summary: "s", Days: []Day{{Day: 1, Title: "t", Items: []string{"i"}}}, Warnings: []string{}, Model: "m", Language: "en"})
 	if string(plan) != `{"summary":"s","days":[{"day":1,"title":"t","items":["i"]}],"warnings":[],"model":"m","offline":false,"language":"en"}` {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"faregate/protect/randhex"
+	"faregate/protect/kit/randhex"
 )
 
 // Task statuses.
@@ -156,6 +156,11 @@ type Limits struct {
 	// TierTokens is the tier's share of the site's daily tokens (0: no
 	// share is kept; the tier may use the whole site budget).
 	TierTokens int64 `json:"tier_tokens"`
+	// TokensPerHour is the principal's sliding hour of tokens (0: none),
+	// and SoftTokens the use from which it is throttled (its calls go to
+	// the fallback model first).
+	TokensPerHour int64 `json:"tokens_per_hour,omitempty"`
+	SoftTokens    int64 `json:"soft_tokens,omitempty"`
 }
 
 // AITFTrace is what the AI-traffic scorer said about the creating request.

@@ -4,9 +4,14 @@
 // SHA-256, beside the run's lease owner and epoch and the task's deadline,
 // and every check compares those with the task's lease hash in the same
 // script. So a key stops working on every replica the moment its task
-// ends (the key is deleted), its deadline passes, or its replica loses the
-// lease (the reaper bumps the epoch when it fails the task worker_lost),
-// with nothing to broadcast.
+// ends (the key is marked ended), its deadline passes, or its replica
+// loses the lease (the reaper bumps the epoch when it fails the task
+// worker_lost), with nothing to broadcast.
+//
+// An ended task's key is kept (its hash, marked ended) for a day after
+// the end, so that its agent is told ErrFinished (409 task_finished: your
+// task is over) rather than ErrInvalid (401: this is no key), which only
+// an unknown or forged key gets.
 //
 // # Keys
 //
@@ -15,8 +20,11 @@
 // and the inbox, and one script checks and writes them atomically, also on
 // Redis Cluster:
 //
-//	faregate:task:{<id>}:key    {sha, owner, epoch, deadline, principal, tier, result, events, tools}
+//	faregate:task:{<id>}:key    {sha, owner, epoch, deadline, principal, tier, result, ended}
 //	faregate:task:{<id>}:inbox  what the agent posted for the lease holder (events, steps, the result)
+//
+// What a key may do how often (its events, its fetches, its model calls)
+// is counted by agent/tasklimits, not here.
 package taskkey
 
 import (
@@ -48,41 +56,15 @@ const (
 )
 
 var (
-	// ErrInvalid: no such key, forged, of another task, of a task that has
-	// ended, past its deadline, or of a run whose lease was lost: 401.
+	// ErrInvalid: no such key, forged, or of another task: 401.
 	ErrInvalid = errors.New("taskkey: invalid task key")
-	// ErrFinished: the task's result was already posted: 409 task_finished.
+	// ErrFinished: the key's task has ended (its result posted, the run
+	// over, its deadline passed, its lease lost), on any replica within a
+	// second of the end and for a day after it: 409 task_finished.
 	ErrFinished = errors.New("taskkey: task finished")
-	// ErrEventLimit and ErrToolLimit: the task posted its most events or
-	// made its most fetches (429, until the task ends).
-	ErrEventLimit = errors.New("taskkey: event limit")
-	ErrToolLimit  = errors.New("taskkey: tool limit")
 	// ErrUnavailable: Redis failed; the caller fails closed.
 	ErrUnavailable = errors.New("taskkey: unavailable")
 )
-
-// LimitError is a task's own limit refusal: it cannot clear before the
-// task ends, so it says when that is.
-type LimitError struct {
-	Err      error // ErrEventLimit or ErrToolLimit
-	Deadline time.Time
-	// Max is the limit that refused; After the time left to the deadline
-	// when it did (at least a second).
-	Max   int64
-	After time.Duration
-}
-
-// Limit is the limit that refused (the RateLimit policy's quota).
-func (e *LimitError) Limit() int64 { return e.Max }
-
-func (e *LimitError) Error() string { return e.Err.Error() }
-func (e *LimitError) Unwrap() error { return e.Err }
-
-// RetryAfter is the time left to the task's deadline.
-func (e *LimitError) RetryAfter() time.Duration { return max(e.After, time.Second) }
-
-// TaskDeadline is when the refusal's task ends at the latest.
-func (e *LimitError) TaskDeadline() time.Time { return e.Deadline }
 
 // Grant is what a valid key allows: its task, whom it counts against, and
 // the run (lease owner and epoch) it belongs to, until Deadline.
@@ -114,13 +96,7 @@ type Options struct {
 	// Open requests fail closed (ErrUnavailable) when a round errs or
 	// times out and the key has not been confirmed for a second.
 	CheckTimeout time.Duration
-	// MaxEvents bounds the progress events of a task (default 200) and
-	// MaxTools its fetches (default 12; 0 would refuse every fetch, so
-	// use NoTools for that).
-	MaxEvents int64
-	MaxTools  int64
-	NoTools   bool
-	Now       func() time.Time
+	Now          func() time.Time
 }
 
 // Keys mints and checks task keys. It is safe for concurrent use.
@@ -163,15 +139,6 @@ func New(rdb redis.UniversalClient, o Options) *Keys {
 	if o.CheckTimeout <= 0 {
 		o.CheckTimeout = 2 * time.Second
 	}
-	if o.MaxEvents <= 0 {
-		o.MaxEvents = 200
-	}
-	if o.MaxTools <= 0 {
-		o.MaxTools = 12
-	}
-	if o.NoTools {
-		o.MaxTools = 0
-	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -181,11 +148,17 @@ func New(rdb redis.UniversalClient, o Options) *Keys {
 func keyKey(id string) string   { return "faregate:task:{" + id + "}:key" }
 func inboxKey(id string) string { return "faregate:task:{" + id + "}:inbox" }
 
-// inboxMaxLen caps a task's inbox: 200 events, a step per model call, one result.
+// inboxMaxLen caps a task's inbox: 200 events, a step per model call, one
+// result (agent/tasklimits bounds the events and calls far below it).
 const inboxMaxLen = 2000
 
 // inboxTTL keeps an inbox a little past any run.
 const inboxTTL = 24 * time.Hour
+
+// endedTTL is how long an ended task's key is kept, to be answered
+// ErrFinished rather than ErrInvalid: an agent still calling a day after
+// its task ended is told what is wrong.
+const endedTTL = 24 * time.Hour
 
 func sum(key string) string {
 	s := sha256.Sum256([]byte(key))
@@ -228,7 +201,7 @@ func (k *Keys) Mint(ctx context.Context, l taskstore.Lease, rec task.Record, dea
 	key := Prefix + strings.TrimPrefix(rec.ID, "t_") + "_" + rand.Text()
 	n, err := mintScript.Run(ctx, k.rdb, []string{keyKey(rec.ID), taskstore.LeaseKey(rec.ID), inboxKey(rec.ID)},
 		sum(key), l.Owner, strconv.FormatInt(l.Epoch, 10), deadline.UnixMilli(), rec.Principal, rec.Tier,
-		deadline.Add(time.Minute).UnixMilli()).Int()
+		deadline.Add(endedTTL).UnixMilli()).Int()
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
@@ -238,8 +211,8 @@ func (k *Keys) Mint(ctx context.Context, l taskstore.Lease, rec task.Record, dea
 	return key, nil
 }
 
-// Revoke ends task id's key: from now on every replica refuses it (this
-// one at once, the others at their next check).
+// Revoke ends task id's key: from now on every replica answers it
+// ErrFinished (this one at once, the others at their next check).
 func (k *Keys) Revoke(ctx context.Context, id string) error {
 	k.mu.Lock()
 	for s, c := range k.cache {
@@ -255,44 +228,52 @@ func (k *Keys) Revoke(ctx context.Context, id string) error {
 			c(ErrFinished)
 		}
 	}
-	if err := k.rdb.Del(ctx, keyKey(id)).Err(); err != nil {
+	if err := endScript.Run(ctx, k.rdb, []string{keyKey(id)}, endedTTL.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return nil
 }
 
+// endScript marks a task's key ended and keeps it endedTTL from now. KEYS
+// key; ARGV ttl ms. A key already gone stays gone.
+var endScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'ended', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+`)
+
 // useScript checks a key against its record and the task's lease, and
-// with it applies one op: "auth" (nothing more), "event" and "tool" (count
-// one, within ARGV[4]), "step" (append to the inbox), "result" (once).
-// KEYS key, lease, inbox. ARGV sha, now ms, op, limit, data, maxlen, ttl.
-// Returns {0} invalid, {2} over the limit, {3} result already posted, or
-// {1, owner, epoch, deadline, principal, tier}.
+// with it applies one op: "auth" (nothing more), "event" and "step"
+// (append to the inbox), "result" (append, once).
+// KEYS key, lease, inbox. ARGV sha, now ms, op, data, maxlen, ttl.
+// Returns {0} invalid (no such key, or another), {3} the task has ended
+// (marked ended, its lease no longer the run's, past its deadline, or, for
+// a result, one already posted), or {1, owner, epoch, deadline, principal,
+// tier}.
 var useScript = redis.NewScript(`
-local g = redis.call('HMGET', KEYS[1], 'sha', 'owner', 'epoch', 'deadline', 'principal', 'tier', 'result')
+local g = redis.call('HMGET', KEYS[1], 'sha', 'owner', 'epoch', 'deadline', 'principal', 'tier', 'result', 'ended')
 if not g[1] or g[1] ~= ARGV[1] then return {0} end
+if g[8] then return {3} end
 local l = redis.call('HMGET', KEYS[2], 'owner', 'epoch')
-if l[1] ~= g[2] or l[2] ~= g[3] then return {0} end
-if tonumber(ARGV[2]) >= tonumber(g[4]) then return {0} end
+if l[1] ~= g[2] or l[2] ~= g[3] then return {3} end
+if tonumber(ARGV[2]) >= tonumber(g[4]) then return {3} end
 local op = ARGV[3]
-if op == 'event' or op == 'tool' then
-  local n = tonumber(redis.call('HGET', KEYS[1], op .. 's') or '0')
-  if n >= tonumber(ARGV[4]) then return {2, g[4]} end
-  redis.call('HINCRBY', KEYS[1], op .. 's', 1)
-elseif op == 'result' then
+if op == 'result' then
   if g[7] then return {3} end
   redis.call('HSET', KEYS[1], 'result', '1')
 end
 if op == 'event' or op == 'step' or op == 'result' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'type', op, 'data', ARGV[5])
-  redis.call('EXPIRE', KEYS[3], ARGV[7])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'type', op, 'data', ARGV[4])
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
 return {1, g[2], g[3], g[4], g[5], g[6]}
 `)
 
 // use runs useScript for key (by its task and sha) with op.
-func (k *Keys) use(ctx context.Context, id, sha, op string, limit int64, data []byte) (Grant, error) {
+func (k *Keys) use(ctx context.Context, id, sha, op string, data []byte) (Grant, error) {
 	res, err := useScript.Run(ctx, k.rdb, []string{keyKey(id), taskstore.LeaseKey(id), inboxKey(id)},
-		sha, k.o.Now().UnixMilli(), op, limit, data, inboxMaxLen, int64(inboxTTL/time.Second)).Slice()
+		sha, k.o.Now().UnixMilli(), op, data, inboxMaxLen, int64(inboxTTL/time.Second)).Slice()
 	if err != nil {
 		return Grant{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
@@ -307,26 +288,15 @@ func (k *Keys) use(ctx context.Context, id, sha, op string, limit int64, data []
 		ms, _ := strconv.ParseInt(str(res[3]), 10, 64)
 		return Grant{Task: id, Owner: str(res[1]), Epoch: epoch, Deadline: time.UnixMilli(ms),
 			Principal: str(res[4]), Tier: str(res[5]), sha: sha}, nil
-	case 2:
-		ms := int64(0)
-		if len(res) > 1 {
-			s, _ := res[1].(string)
-			ms, _ = strconv.ParseInt(s, 10, 64)
-		}
-		lim := ErrEventLimit
-		if op == "tool" {
-			lim = ErrToolLimit
-		}
-		dl := time.UnixMilli(ms)
-		return Grant{}, &LimitError{Err: lim, Deadline: dl, Max: limit, After: max(dl.Sub(k.o.Now()), time.Second)}
 	case 3:
 		return Grant{}, ErrFinished
 	}
 	return Grant{}, ErrInvalid
 }
 
-// Authenticate checks a bearer key and returns its grant. A refused key
-// is ErrInvalid, whatever the reason (the answer says nothing about why).
+// Authenticate checks a bearer key and returns its grant. An unknown or
+// forged key is ErrInvalid (the answer says nothing about why); the key
+// of a task that has ended is ErrFinished.
 func (k *Keys) Authenticate(ctx context.Context, bearer string) (Grant, error) {
 	id, ok := TaskOf(bearer)
 	if !ok {
@@ -340,7 +310,7 @@ func (k *Keys) Authenticate(ctx context.Context, bearer string) (Grant, error) {
 	if hit && now.Before(c.until) && now.Before(c.g.Deadline) {
 		return c.g, nil
 	}
-	g, err := k.use(ctx, id, sha, "auth", 0, nil)
+	g, err := k.use(ctx, id, sha, "auth", nil)
 	if err != nil {
 		return Grant{}, err
 	}
@@ -360,30 +330,24 @@ func (k *Keys) Authenticate(ctx context.Context, bearer string) (Grant, error) {
 }
 
 // Event appends an agent's progress event (data: a task.Step as JSON) to
-// the task's inbox for the lease holder, counted against MaxEvents.
+// the task's inbox for the lease holder. The caller has counted it
+// against the task's events (agent/tasklimits).
 func (k *Keys) Event(ctx context.Context, g Grant, data []byte) error {
-	_, err := k.use(ctx, g.Task, g.sha, "event", k.o.MaxEvents, data)
+	_, err := k.use(ctx, g.Task, g.sha, "event", data)
 	return err
 }
 
 // Step appends a step faregate made on the agent's behalf (a model call
 // through the endpoint; data: a task.Step as JSON) to the task's inbox.
-// Not counted: those calls have limits of their own.
 func (k *Keys) Step(ctx context.Context, g Grant, data []byte) error {
-	_, err := k.use(ctx, g.Task, g.sha, "step", 0, data)
+	_, err := k.use(ctx, g.Task, g.sha, "step", data)
 	return err
 }
 
 // Result posts the agent's result or error (data as the agent sent it,
 // validated) for the lease holder: once; a second is ErrFinished.
 func (k *Keys) Result(ctx context.Context, g Grant, data []byte) error {
-	_, err := k.use(ctx, g.Task, g.sha, "result", 0, data)
-	return err
-}
-
-// Tool counts one /v1/tools/fetch call against MaxTools.
-func (k *Keys) Tool(ctx context.Context, g Grant) error {
-	_, err := k.use(ctx, g.Task, g.sha, "tool", k.o.MaxTools, nil)
+	_, err := k.use(ctx, g.Task, g.sha, "result", data)
 	return err
 }
 
@@ -398,6 +362,10 @@ type Posted struct {
 	Detail     string `json:"detail,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
 	Warning    string `json:"warning,omitempty"`
+	// Warnings are more of the task's warnings (a model step of a
+	// throttled principal: throttled, downgraded; steps the model endpoint
+	// posts only).
+	Warnings []string `json:"warnings,omitempty"`
 	// PromptTokens and CompletionTokens are what a model step was charged
 	// (steps the model endpoint posts, never an agent's events): the lease
 	// holder adds them to the task's usage.
@@ -530,7 +498,7 @@ func (k *Keys) watchLoop() {
 			for i, id := range ids {
 				// Eval, not EvalSha: a pipeline cannot fall back on NOSCRIPT.
 				useScript.Eval(ctx, p, []string{keyKey(id), taskstore.LeaseKey(id), inboxKey(id)},
-					shas[i], now.UnixMilli(), "auth", 0, "", inboxMaxLen, int64(inboxTTL/time.Second))
+					shas[i], now.UnixMilli(), "auth", "", inboxMaxLen, int64(inboxTTL/time.Second))
 			}
 			return nil
 		})

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/task"
-	"faregate/protect/pause"
-	"faregate/protect/promreg"
+	"faregate/protect/kit/pause"
+	"faregate/protect/kit/promreg"
 )
 
 // ErrShutdown ends a follower whose process is shutting down before its

@@ -2,7 +2,6 @@ package taskstore
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/task"
+	"faregate/protect/kit/randhex"
 )
 
 // Entry is one admitted task on the queue: the stream entry's id and the
@@ -71,13 +71,11 @@ func (s *Store) EnsureGroup(ctx context.Context) error {
 }
 
 // Next waits up to block for a task no worker has taken yet, and takes it
-// for consumer: its entry becomes pending under consumer, idle 0.
-// It returns ok=false when none came.
-func (s *Store) Next(ctx context.Context, rdb redis.UniversalClient, consumer string, block time.Duration) (Entry, bool, error) {
-	if rdb == nil {
-		rdb = s.rdb
-	}
-	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+// for consumer: its entry becomes pending under consumer, idle 0. The wait
+// holds a connection of the waits pool (WithWaits). It returns ok=false
+// when none came.
+func (s *Store) Next(ctx context.Context, consumer string, block time.Duration) (Entry, bool, error) {
+	res, err := s.waits.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: Group, Consumer: consumer, Streams: []string{QueueKey, ">"}, Count: 1, Block: block,
 	}).Result()
 	if errors.Is(err, redis.Nil) {
@@ -241,7 +239,7 @@ func (s *Store) Save(ctx context.Context, l Lease, rec task.Record, events ...ta
 	for _, e := range events {
 		args = append(args, e.Type, string(e.Data))
 	}
-	op := rand.Text()
+	op := randhex.New(16)
 	n, err := saveScript.Run(ctx, s.rdb, []string{taskKey(rec.ID), eventsKey(rec.ID), leaseKey(rec.ID), opKey(rec.ID, op)}, args...).Int()
 	if err != nil {
 		return unavailable(err)

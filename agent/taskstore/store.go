@@ -14,7 +14,12 @@
 //	faregate:task:{<id>}         the record
 //	faregate:task:{<id>}:events  its events (XADD; followers XREAD)
 //	faregate:task:{<id>}:lease   {owner, epoch}: who may write it
+//	faregate:task:{<id>}:inbox   what the task key's holder posted (XADD by
+//	                             agent/taskkey's scripts; the lease holder XREADs)
 //	faregate:tasks:{queue}       admitted tasks (XADD; workers XREADGROUP)
+//
+// Redis task storage lives here and nowhere else: the runner and the
+// remote executor read the queue and the inbox through a Store.
 package taskstore
 
 import (
@@ -59,10 +64,24 @@ const (
 // Store reads and writes tasks. It is safe for concurrent use.
 type Store struct {
 	rdb redis.UniversalClient
+	// waits serves the reads that block in Redis (Next, and ReadInbox with
+	// a wait); rdb unless WithWaits named a pool of their own.
+	waits redis.UniversalClient
 }
 
 // New returns a Store on rdb.
-func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb, waits: rdb} }
+
+// WithWaits returns a Store on the same Redis whose blocking reads (a
+// worker's wait for the next task, a run's wait on its inbox) use waits.
+// A blocked read holds its connection for as long as it waits, so these
+// get a pool of their own, sized for the waiters, and the gate's short
+// commands never queue behind them.
+func (s *Store) WithWaits(waits redis.UniversalClient) *Store {
+	c := *s
+	c.waits = waits
+	return &c
+}
 
 func unavailable(err error) error { return fmt.Errorf("%w: %v", ErrUnavailable, err) }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/task"
-	"faregate/protect/clocktest"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 func newRecord() task.Record {
@@ -92,11 +92,11 @@ func TestQueueAndLeases(t *testing.T) {
 			if n, _ := s.Depth(ctx); n != 1 {
 				t.Fatalf("depth %d, want 1", n)
 			}
-			e, ok, err := s.Next(ctx, nil, "a", 0)
+			e, ok, err := s.Next(ctx, "a", 0)
 			if err != nil || !ok || e.Task != rec.ID {
 				t.Fatalf("next: %+v %v %v", e, ok, err)
 			}
-			if _, ok, _ := s.Next(ctx, nil, "b", 10*time.Millisecond); ok {
+			if _, ok, _ := s.Next(ctx, "b", 10*time.Millisecond); ok {
 				t.Fatal("a taken task was handed out twice")
 			}
 			la, got, err := s.Acquire(ctx, e, "a")
@@ -167,7 +167,7 @@ func TestClaimAfterLapse(t *testing.T) {
 				if err := s.Enqueue(ctx, rec.ID); err != nil {
 					t.Fatal(err)
 				}
-				e, ok, err := s.Next(ctx, nil, "dead", 0)
+				e, ok, err := s.Next(ctx, "dead", 0)
 				if err != nil || !ok {
 					t.Fatal(err)
 				}

@@ -168,26 +168,49 @@ func (c Counter) Count(text string) int64 {
 
 // Chat returns the prompt tokens of a chat completion request with these
 // messages and, when toolsJSON is not empty, these tool definitions (the
-// JSON of the request's "tools" array).
+// JSON of the request's "tools" array): Priming, plus Message of each
+// message, plus Tools.
 func (c Counter) Chat(messages []Message, toolsJSON string) int64 {
-	f := c.frame
-	if f == nil {
-		f = &boundFraming
-	}
-	n := f.priming
+	n := c.Priming()
 	for _, m := range messages {
-		n += f.perMessage + c.Count(m.Role) + c.Count(m.Content)
-		if m.Name != "" {
-			n += f.perName + c.Count(m.Name)
-		}
-		for _, tc := range m.ToolCalls {
-			n += f.perToolCall + c.Count(tc.Name) + c.Count(tc.Arguments)
-		}
+		n += c.Message(m)
 	}
-	if toolsJSON != "" {
-		n += f.tools + c.Count(c.toolsText(toolsJSON))
+	return n + c.Tools(toolsJSON)
+}
+
+// framing is c's chat framing.
+func (c Counter) framing() *framing {
+	if c.frame == nil {
+		return &boundFraming
+	}
+	return c.frame
+}
+
+// Priming is what a chat prompt costs before its first message.
+func (c Counter) Priming() int64 { return c.framing().priming }
+
+// Message is what one message adds to a chat prompt, its framing included:
+// a caller that remembers it for a message it has seen (an agent re-sends
+// its history on every call) need not count that message again.
+func (c Counter) Message(m Message) int64 {
+	f := c.framing()
+	n := f.perMessage + c.Count(m.Role) + c.Count(m.Content)
+	if m.Name != "" {
+		n += f.perName + c.Count(m.Name)
+	}
+	for _, tc := range m.ToolCalls {
+		n += f.perToolCall + c.Count(tc.Name) + c.Count(tc.Arguments)
 	}
 	return n
+}
+
+// Tools is what the tool definitions toolsJSON add to a chat prompt (0
+// when it is empty).
+func (c Counter) Tools(toolsJSON string) int64 {
+	if toolsJSON == "" {
+		return 0
+	}
+	return c.framing().tools + c.Count(c.toolsText(toolsJSON))
 }
 
 // toolsText is the text the tool definitions are counted as. OpenAI models

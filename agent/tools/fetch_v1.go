@@ -9,7 +9,10 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
+
+	"golang.org/x/net/idna"
 
 	"faregate/agent/outbound"
 )
@@ -45,10 +48,90 @@ func CheckFetchURL(raw string) error {
 	if err != nil {
 		return err
 	}
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil && !IsPublic(a) {
+	a, literal, err := hostAddr(u.Hostname())
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %v", ErrFetchRefused, err)
+	case literal && !IsPublic(a):
 		return fmt.Errorf("%w: not a public address", ErrFetchRefused)
 	}
 	return nil
+}
+
+// hostAddr reads host as an address literal in any form a resolver or a
+// browser would take for one: IPv6 (with a zone, or an IPv4 address
+// inside), dotted decimal, and the older IPv4 forms inet_aton and the URL
+// standard accept, where each part may be decimal, octal (a leading 0) or
+// hex (0x), and the last part fills the bytes the parts before it left
+// (0 is 0.0.0.0, 2130706433 and 0x7f000001 and 0177.0.0.1 and 127.1 are
+// 127.0.0.1); full-width digits and dots are read as ASCII first, as IDNA
+// maps them. literal is false for a name. A host that ends in a number but
+// is no address (256.1, 1.2.3.4.5) is an error: no name can end so, and a
+// resolver may read it as something else.
+func hostAddr(host string) (a netip.Addr, literal bool, err error) {
+	if mapped, err := idna.Lookup.ToASCII(host); err == nil {
+		host = mapped
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a, true, nil
+	}
+	parts := strings.Split(host, ".")
+	if !isNumber(parts[len(parts)-1]) {
+		return netip.Addr{}, false, nil
+	}
+	if a, ok := looseIPv4(parts); ok {
+		return a, true, nil
+	}
+	return netip.Addr{}, false, errors.New("the host ends in a number but is not an IPv4 address")
+}
+
+// isNumber reports whether s is an IPv4 part in the URL standard's sense
+// (decimal digits, or 0x and hex digits): a host whose last label is one
+// must be an address.
+func isNumber(s string) bool {
+	if h, ok := strings.CutPrefix(s, "0x"); ok {
+		return strings.Trim(h, "0123456789abcdef") == ""
+	}
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// looseIPv4 reads 1 to 4 parts as inet_aton does.
+func looseIPv4(parts []string) (netip.Addr, bool) {
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	var v uint64
+	for i, p := range parts {
+		n, ok := ipv4Part(p)
+		last := i == len(parts)-1
+		// Every part but the last is one byte; the last fills the rest.
+		if !ok || (!last && n > 0xff) || (last && n >= 1<<(8*(5-len(parts)))) {
+			return netip.Addr{}, false
+		}
+		if last {
+			v = v<<(8*(5-len(parts))) | n
+		} else {
+			v = v<<8 | n
+		}
+	}
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), true
+}
+
+// ipv4Part reads one part: 0x hex, 0 octal, else decimal; at most 32 bits.
+func ipv4Part(p string) (uint64, bool) {
+	base := 10
+	switch {
+	case strings.HasPrefix(p, "0x"):
+		p, base = p[2:], 16
+		if p == "" {
+			return 0, true // "0x" alone is 0, as the URL standard reads it
+		}
+	case len(p) > 1 && p[0] == '0':
+		p, base = p[1:], 8
+	}
+	n, err := strconv.ParseUint(p, base, 32)
+	return n, err == nil && p != ""
 }
 
 // checkFetchURL is CheckFetchURL without the address: Fetch leaves that

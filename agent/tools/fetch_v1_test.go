@@ -90,6 +90,49 @@ func TestCheckFetchURL(t *testing.T) {
 		{"http://user:pw@example.org/", true},
 		{"http://example.org/" + strings.Repeat("a", 2048), true},
 		{"http://exa mple.org/", true},
+		// Loopback and private literals in every IPv4 form a resolver or a
+		// browser reads as an address: refused here, before they cost a
+		// tool call, not only when dialled.
+		{"http://0/", true},
+		{"http://0.0.0.0/", true},
+		{"http://2130706433/", true},
+		{"http://0177.0.0.1/", true},
+		{"http://0177.1/", true},
+		{"http://127.1/", true},
+		{"http://127.0.1/", true},
+		{"http://0x7f000001/", true},
+		{"http://0X7F000001/", true},
+		{"http://0x7f.1/", true},
+		{"http://0x7f.0.0.0x1/", true},
+		{"http://0x7f.0x0.0x0.0x1/", true},
+		{"http://0177.0x0.1/", true},
+		{"http://00000177.0.0.1/", true},
+		{"http://127.0.0.1./", true},
+		{"http://１２７.０.０.１/", true},
+		{"http://127。0。0。1/", true},
+		{"http://167772161/", true},  // 10.0.0.1
+		{"http://0xa9fea9fe/", true}, // 169.254.169.254
+		{"http://0251.0376.0251.0376/", true},
+		{"http://3232235777:8080/", true}, // 192.168.1.1
+		{"http://[::ffff:7f00:1]/", true},
+		{"http://[0:0:0:0:0:ffff:127.0.0.1]/", true},
+		{"http://[::127.0.0.1]/", true},
+		// Ends in a number but is no address: no name can, and a resolver
+		// may read it otherwise.
+		{"http://256.1/", true},
+		{"http://1.2.3.4.5/", true},
+		{"http://4294967296/", true},
+		{"http://0x100000000/", true},
+		{"http://example.0x1/", true},
+		{"http://08.1/", true}, // 8 is no octal digit
+		// Public addresses in the old forms pass, as names that merely
+		// hold digits do.
+		{"http://134744072/", false}, // 8.8.8.8
+		{"http://0x08080808/", false},
+		{"http://8.8.2056/", false}, // 8.8.8.8
+		{"http://1e100.net/", false},
+		{"http://123.example.org/", false},
+		{"http://cafe.bad/", false},
 	} {
 		err := CheckFetchURL(tc.url)
 		if tc.refuse != (err != nil) || (err != nil && !errors.Is(err, ErrFetchRefused)) {

@@ -4,7 +4,7 @@
 // which validates OpenAPI 3.1 documents with a JSON Schema 2020-12
 // validator (type arrays, const, prefixItems…), headers included.
 //
-// Beyond the schemas it checks the few contract rules a schema cannot say:
+// Beyond the schemas it checks the few documented rules a schema cannot say:
 // an error body's request_id equals the X-Request-Id header, a 202's
 // Location names the new task, and a 429 that carries RateLimit has a
 // Retry-After equal to one of its items' t.
@@ -205,7 +205,7 @@ func (v *Validator) Check(req *http.Request, status int, header http.Header, bod
 		}
 		return nil
 	}
-	if err := contractRules(status, header, body); err != nil {
+	if err := documentedRules(status, header, body); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrMismatch, what, err)
 	}
 	return nil
@@ -260,9 +260,9 @@ func isEventStream(h http.Header) bool {
 	return err == nil && mt == "text/event-stream"
 }
 
-// contractRules checks what JSON Schema cannot: values that must agree
+// documentedRules checks what JSON Schema cannot: values that must agree
 // across headers and body.
-func contractRules(status int, header http.Header, body []byte) error {
+func documentedRules(status int, header http.Header, body []byte) error {
 	var env struct {
 		Error *struct {
 			RequestID string `json:"request_id"`

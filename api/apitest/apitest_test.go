@@ -67,8 +67,16 @@ const config = `{"turnstile_site_key":"1x00000000000000000000AA","turnstile_scri
 	"destination_max":80,"days_min":1,"days_max":7,"interests_max":5,"interest_max":32},"languages":["en","zh-CN"]}`
 
 const usage = `{"principal":{"kind":"key","id":"acme"},"tier":"partner","day":"2026-12-01",
-	"limits":{"tasks_per_day":500,"tokens_per_day":2000000,"tokens_per_minute":100000,"requests_per_minute":600,"max_site_share":0.5},
-	"used":{"tasks":3,"tokens":12000},"remaining":{"tasks":497,"tokens":1988000}}`
+	"limits":{"tasks_per_day":500,"tokens_per_day":2000000,"tokens_per_minute":100000,"requests_per_minute":600,
+	"requests_per_second":0,"tokens_per_hour":0,"max_site_share":0.5},
+	"used":{"tasks":3,"tokens":12000},"remaining":{"tasks":497,"tokens":1988000},"throttled":false}`
+
+// usageHourly is a key with an hourly quota, past its soft share.
+const usageHourly = `{"principal":{"kind":"key","id":"acme"},"tier":"partner","day":"2026-12-01",
+	"limits":{"tasks_per_day":500,"tokens_per_day":2000000,"tokens_per_minute":100000,"requests_per_minute":600,
+	"requests_per_second":10,"tokens_per_hour":10000,"soft_at":0.8,"soft_requests_per_minute":5,"max_site_share":0.5},
+	"used":{"tasks":3,"tokens":12000},"remaining":{"tasks":497,"tokens":1988000},"throttled":true,
+	"hour":{"tokens":8200,"remaining":1800,"soft_tokens":8000}}`
 
 // TestCheck runs answers the document allows and answers it must refuse.
 func TestCheck(t *testing.T) {
@@ -84,7 +92,7 @@ func TestCheck(t *testing.T) {
 		wantErr error // nil: the answer passes
 		counted bool
 	}{
-		// Answers as the contract has them.
+		// Answers as the manual has them.
 		{"visitor admitted", "POST", "/api/tasks", 202, hdr(rateLimit202...), `{"id":"` + taskID + `","status":"queued","quota":{"ip_remaining":4,"global_remaining":99}}`, nil, true},
 		{"key served a cached plan", "POST", "/api/tasks", 202, hdr(rateLimit202...), `{"id":"` + taskID + `","status":"succeeded","quota":{"key_remaining":499}}`, nil, true},
 		{"two policies", "POST", "/api/tasks", 202, hdr("Location", "/api/tasks/"+taskID, "RateLimit-Policy", `"daily";q=5;w=86400, "budget";q=40000;w=86400`, "RateLimit", `"daily";r=4;t=3600, "budget";r=39000;t=3600`), `{"id":"` + taskID + `","status":"queued","quota":{"ip_remaining":4,"global_remaining":99}}`, nil, true},
@@ -105,6 +113,7 @@ func TestCheck(t *testing.T) {
 		{"window", "GET", "/api/config", 429, hdr("Retry-After", "12", "RateLimit-Policy", `"rpm";q=120;w=60`, "RateLimit", `"rpm";r=0;t=12`), errBody("rate_limited"), nil, true},
 		{"config", "GET", "/api/config", 200, hdr(), config, nil, true},
 		{"usage", "GET", "/api/usage", 200, hdr(), usage, nil, true},
+		{"usage with an hourly quota", "GET", "/api/usage", 200, hdr(), usageHourly, nil, true},
 		{"usage without a key", "GET", "/api/usage", 401, hdr(), errBody("invalid_api_key"), nil, true},
 		{"the document", "GET", "/api/openapi.json", 200, hdr(), string(api.OpenAPIDocument()), nil, true},
 		{"the client", "GET", "/api/client.js", 200, hdr("Content-Type", "text/javascript; charset=utf-8"), "export {};", nil, true},

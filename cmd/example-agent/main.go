@@ -10,6 +10,9 @@
 // It listens on EXAMPLE_AGENT_ADDR (default 127.0.0.1:8090) and checks
 // every delivery's X-Faregate-Signature with FAREGATE_AGENT_SECRET, the
 // same variable faregate signs with, so both can read one environment.
+// EXAMPLE_AGENT_API=anthropic makes it a Claude agent instead: the same
+// loop on Anthropic's Go SDK, against the delivery's "anthropic" endpoint
+// (faregate's /v1/messages; the SDK appends /v1/messages to its base URL).
 package main
 
 import (
@@ -59,7 +62,15 @@ const (
 // read the address from stdout's first line.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	if len(args) > 1 {
-		return fmt.Errorf("no arguments expected (configuration: EXAMPLE_AGENT_ADDR, FAREGATE_AGENT_SECRET)")
+		return fmt.Errorf("no arguments expected (configuration: EXAMPLE_AGENT_ADDR, FAREGATE_AGENT_SECRET, EXAMPLE_AGENT_API)")
+	}
+	api := getenv("EXAMPLE_AGENT_API")
+	switch api {
+	case "":
+		api = apiOpenAI
+	case apiOpenAI, apiAnthropic:
+	default:
+		return fmt.Errorf("EXAMPLE_AGENT_API: %q, want openai or anthropic", api)
 	}
 	secret := getenv("FAREGATE_AGENT_SECRET")
 	if len(secret) < 16 {
@@ -74,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	lg := slog.New(slog.NewTextHandler(stdout, nil))
-	a := &agent{secret: []byte(secret), lg: lg, now: time.Now, http: &http.Client{Timeout: 30 * time.Second}}
+	a := &agent{secret: []byte(secret), api: api, lg: lg, now: time.Now, http: &http.Client{Timeout: 30 * time.Second}}
 	srv := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second}
 	fmt.Fprintf(stdout, "example-agent: listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)
@@ -98,20 +109,40 @@ type delivery struct {
 		Request  json.RawMessage `json:"request"`
 		Deadline time.Time       `json:"deadline"`
 	} `json:"task"`
-	OpenAI struct {
-		BaseURL string `json:"base_url"`
-		APIKey  string `json:"api_key"`
-		Model   string `json:"model"`
-	} `json:"openai"`
-	Tools struct {
+	OpenAI    endpoint `json:"openai"`
+	Anthropic endpoint `json:"anthropic"`
+	Tools     struct {
 		FetchURL string `json:"fetch_url"`
 	} `json:"tools"`
 	EventsURL string `json:"events_url"`
 	ResultURL string `json:"result_url"`
 }
 
+// endpoint is where the delivery says a model API is: faregate's own,
+// behind the task key.
+type endpoint struct {
+	BaseURL string `json:"base_url"`
+	APIKey  string `json:"api_key"`
+	Model   string `json:"model"`
+}
+
+// The model APIs the agent speaks (EXAMPLE_AGENT_API).
+const (
+	apiOpenAI    = "openai"
+	apiAnthropic = "anthropic"
+)
+
+// endpoint is the delivery's endpoint for the API the agent speaks.
+func (d *delivery) endpoint(api string) endpoint {
+	if api == apiAnthropic {
+		return d.Anthropic
+	}
+	return d.OpenAI
+}
+
 type agent struct {
 	secret []byte
+	api    string
 	lg     *slog.Logger
 	now    func() time.Time
 	http   *http.Client
@@ -135,7 +166,7 @@ func (a *agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var d delivery
-	if err := json.Unmarshal(body, &d); err != nil || d.Task.ID == "" || d.OpenAI.APIKey == "" || d.ResultURL == "" {
+	if err := json.Unmarshal(body, &d); err != nil || d.Task.ID == "" || d.endpoint(a.api).APIKey == "" || d.ResultURL == "" {
 		http.Error(w, "not a delivery", http.StatusBadRequest)
 		return
 	}
@@ -189,9 +220,16 @@ func (a *agent) handle(ctx context.Context, d delivery) {
 	lg.Info("task answered", "bytes", len(text))
 }
 
+// systemPrompt is what the agent is, on either API.
+const systemPrompt = "You answer a visitor's request in Markdown: short headings, lists where they help. " +
+	"You may call fetch_page to read a public web page; cite what you used."
+
 // answer runs the model loop: the model may call fetch_page a few times,
 // then writes the answer.
 func (a *agent) answer(ctx context.Context, d delivery) (string, error) {
+	if a.api == apiAnthropic {
+		return a.answerClaude(ctx, d)
+	}
 	question := describe(d.Task.Request)
 	a.event(ctx, d, "think", "started", "")
 	client := openai.NewClient(option.WithBaseURL(d.OpenAI.BaseURL), option.WithAPIKey(d.OpenAI.APIKey),
@@ -207,8 +245,7 @@ func (a *agent) answer(ctx context.Context, d delivery) (string, error) {
 		},
 	})
 	msgs := []openai.ChatCompletionMessageParamUnion{
-		openai.SystemMessage("You answer a visitor's request in Markdown: short headings, lists where they help. " +
-			"You may call fetch_page to read a public web page; cite what you used."),
+		openai.SystemMessage(systemPrompt),
 		openai.UserMessage(question),
 	}
 	for turn := 0; ; turn++ {
@@ -287,7 +324,7 @@ func (a *agent) post(ctx context.Context, d delivery, url string, v, out any) (i
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+d.OpenAI.APIKey)
+	req.Header.Set("Authorization", "Bearer "+d.endpoint(a.api).APIKey)
 	resp, err := a.http.Do(req)
 	if err != nil {
 		return 0, err

@@ -41,7 +41,13 @@ func newFakeFaregate(t *testing.T) *fakeFaregate {
 }
 
 func (f *fakeFaregate) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "Bearer fgt_test" {
+	// Anthropic's SDKs send the key as x-api-key or as a bearer token
+	// (the Go SDK's v2 the latter); faregate takes both on /v1.
+	key := r.Header.Get("Authorization")
+	if k := r.Header.Get("X-Api-Key"); k != "" && key == "" {
+		key = "Bearer " + k
+	}
+	if key != "Bearer fgt_test" {
 		w.WriteHeader(http.StatusUnauthorized)
 		_, _ = io.WriteString(w, `{"error":{"code":"invalid_api_key","message":"no","type":"authentication_error"}}`)
 		return
@@ -74,6 +80,8 @@ func (f *fakeFaregate) serve(w http.ResponseWriter, r *http.Request) {
 		answer, _ := json.Marshal("# Lisbon\n\nFrom the guide: " + toolText)
 		fmt.Fprintf(w, `{"id":"c2","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop",
 "message":{"role":"assistant","content":%s}}],"usage":{"prompt_tokens":20,"completion_tokens":9,"total_tokens":29}}`, answer)
+	case "/v1/messages":
+		f.messages(w, body)
 	case "/v1/tools/fetch":
 		u, _ := body["url"].(string)
 		f.fetched = append(f.fetched, u)
@@ -88,6 +96,37 @@ func (f *fakeFaregate) serve(w http.ResponseWriter, r *http.Request) {
 		f.t.Errorf("unexpected %s %s", r.Method, r.URL.Path)
 		w.WriteHeader(http.StatusNotFound)
 	}
+}
+
+// messages is a small /v1/messages: a tool_use first, then an answer that
+// quotes the tool's result.
+func (f *fakeFaregate) messages(w http.ResponseWriter, body map[string]any) {
+	f.chats++
+	if _, ok := body["max_tokens"].(float64); !ok {
+		f.t.Errorf("a Messages call without max_tokens: %v", body)
+	}
+	msgs, _ := body["messages"].([]any)
+	var toolText string
+	for _, m := range msgs {
+		blocks, _ := m.(map[string]any)["content"].([]any)
+		for _, b := range blocks {
+			if bm, _ := b.(map[string]any); bm["type"] == "tool_result" && bm["tool_use_id"] == "toolu_1" {
+				toolText = fmt.Sprint(bm["content"])
+			}
+		}
+	}
+	if toolText == "" {
+		if tools, _ := body["tools"].([]any); len(tools) != 1 {
+			f.t.Errorf("first call offers tools %v, want fetch_page", body["tools"])
+		}
+		_, _ = io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"m","stop_reason":"tool_use","stop_sequence":null,
+"content":[{"type":"tool_use","id":"toolu_1","name":"fetch_page","input":{"url":"https://example.org/guide"}}],
+"usage":{"input_tokens":10,"output_tokens":5}}`)
+		return
+	}
+	answer, _ := json.Marshal("# Lisbon\n\nFrom the guide: " + toolText)
+	fmt.Fprintf(w, `{"id":"msg_2","type":"message","role":"assistant","model":"m","stop_reason":"end_turn","stop_sequence":null,
+"content":[{"type":"text","text":%s}],"usage":{"input_tokens":20,"output_tokens":9}}`, answer)
 }
 
 // lineWriter hands run's first line (the address) to the test.
@@ -124,11 +163,17 @@ func sign(body []byte) string {
 // posted to result_url. A delivery with a bad signature or past its
 // deadline is refused without any call back.
 func TestExampleAgent(t *testing.T) {
+	for _, api := range []string{"", "anthropic"} {
+		t.Run("api="+api, func(t *testing.T) { testExampleAgent(t, api) })
+	}
+}
+
+func testExampleAgent(t *testing.T, api string) {
 	fg := newFakeFaregate(t)
 	out := &lineWriter{addr: make(chan string, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	env := map[string]string{"FAREGATE_AGENT_SECRET": testSecret, "EXAMPLE_AGENT_ADDR": "127.0.0.1:0"}
+	env := map[string]string{"FAREGATE_AGENT_SECRET": testSecret, "EXAMPLE_AGENT_ADDR": "127.0.0.1:0", "EXAMPLE_AGENT_API": api}
 	go func() { done <- run(ctx, []string{"example-agent"}, func(k string) string { return env[k] }, out) }()
 	var url string
 	select {
@@ -144,6 +189,7 @@ func TestExampleAgent(t *testing.T) {
 			"task": map[string]any{"id": "t_1", "request": map[string]any{"destination": "Lisbon", "days": 2, "interests": []string{"food"}, "language": "en"},
 				"deadline": deadline, "sent_at": time.Now()},
 			"openai":     map[string]any{"base_url": fg.srv.URL + "/v1", "api_key": "fgt_test", "model": "m", "embedding_model": ""},
+			"anthropic":  map[string]any{"base_url": fg.srv.URL, "api_key": "fgt_test", "model": "m"},
 			"tools":      map[string]any{"fetch_url": fg.srv.URL + "/v1/tools/fetch"},
 			"events_url": fg.srv.URL + "/v1/tasks/t_1/events",
 			"result_url": fg.srv.URL + "/v1/tasks/t_1/result",

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // weatherServer is an Open-Meteo-compatible forecast API that records what
@@ -348,11 +348,7 @@ func TestEndlessStreamIsCut(t *testing.T) {
 	if completion < 200*calls || completion > 210*calls {
 		t.Fatalf("completion tokens %d over %d calls: not cut at 200 per call", completion, calls)
 	}
-	day := time.Now().UTC().Format("2006-01-02")
-	st, _ := be.Client.HGetAll(context.Background(), "faregate:budget:{"+day+"}:task:"+id).Result()
-	var settled, outstanding int64
-	fmt.Sscan(st["settled"], &settled)
-	fmt.Sscan(st["outstanding"], &outstanding)
+	settled, outstanding, _ := budgetHash(t, be.Client, "task:"+id)
 	if settled != prompt+completion || outstanding != 0 {
 		t.Fatalf("task budget settled %d outstanding %d; usage says %d", settled, outstanding, prompt+completion)
 	}
@@ -383,9 +379,10 @@ func TestBudgetRefusalBeforeQuota(t *testing.T) {
 }
 
 // TestBreakerFallbackAndRecovery: a primary that turns slow and then fails
-// opens the breaker; the fallback gets the calls and model_status says
-// degraded; after recovery the breaker closes. Without a fallback, new
-// tasks get 503 model_unavailable and no quota is counted.
+// opens the breaker (the calls of two visitors: one alone never opens it);
+// the fallback gets the calls and model_status says degraded; after
+// recovery the breaker closes. Without a fallback, new tasks get 503
+// model_unavailable and no quota is counted.
 func TestBreakerFallbackAndRecovery(t *testing.T) {
 	var mode atomic.Value // "slow", "fail", "ok"
 	mode.Store("slow")
@@ -403,9 +400,16 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 	fallback := newFakeLLM(t, func(chatRequest, int) fakeReply { return fakeReply{Content: itinerary(1, " (fallback)")} })
 	breakerEnv := map[string]string{"FAREGATE_LLM_BASE_URL": primary.BaseURL(), "FAREGATE_BREAKER_WINDOW": "5s",
 		"FAREGATE_BREAKER_MIN_CALLS": "3", "FAREGATE_BREAKER_SLOW_CALL": "100ms", "FAREGATE_BREAKER_OPEN_FOR": "700ms",
-		"FAREGATE_BREAKER_HALF_OPEN_PROBES": "1", "FAREGATE_IP_DAILY_LIMIT": "100", "FAREGATE_AGENT_MAX_TOOL_CALLS": "0"}
-	create := func(s *server) reply {
-		return do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Rome","days":1}`, nil)
+		"FAREGATE_BREAKER_HALF_OPEN_PROBES": "1", "FAREGATE_IP_DAILY_LIMIT": "100", "FAREGATE_AGENT_MAX_TOOL_CALLS": "0",
+		"FAREGATE_TRUSTED_PROXIES": "127.0.0.1",
+		// Tasks back to back to trip the breaker, each polled to its end:
+		// more than ten requests a second from the poller's address.
+		"FAREGATE_REQUESTS_PER_SECOND": "0"}
+	// Two visitors take turns (by X-Forwarded-For, from a trusted proxy).
+	visitors := []string{"198.51.100.31", "198.51.100.32"}
+	create := func(s *server, visitor int) reply {
+		return do(t, "POST", s.URL+"/api/tasks", `{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Rome","days":1}`,
+			map[string]string{"X-Forwarded-For": visitors[visitor%2]})
 	}
 
 	t.Run("with fallback", func(t *testing.T) {
@@ -416,7 +420,7 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		s := startServer(t, env)
 		// Slow calls (all succeeding) trip the slow-call ratio.
 		for i := 0; i < 3; i++ {
-			waitTask(t, s.URL, create(s).Body["id"].(string))
+			waitTask(t, s.URL, create(s, i).Body["id"].(string))
 		}
 		mode.Store("fail")
 		cfg := do(t, "GET", s.URL+"/api/config", "", nil)
@@ -424,7 +428,7 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 			t.Fatalf("model_status %v after slow calls, want degraded", cfg.Body["model_status"])
 		}
 		before := len(fallback.Requests())
-		task := waitTask(t, s.URL, create(s).Body["id"].(string))
+		task := waitTask(t, s.URL, create(s, 0).Body["id"].(string))
 		if task["status"] != "succeeded" || len(fallback.Requests()) == before {
 			t.Fatalf("while open: task %v, fallback requests %d→%d", task["status"], before, len(fallback.Requests()))
 		}
@@ -434,7 +438,7 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		// Recovery: the primary answers again; after OpenFor a probe closes it.
 		mode.Store("ok")
 		waitHalfOpen(t, s)
-		task = waitTask(t, s.URL, create(s).Body["id"].(string))
+		task = waitTask(t, s.URL, create(s, 1).Body["id"].(string))
 		if res := task["result"].(map[string]any); res["model"] != "gpt-3.5-turbo" {
 			t.Fatalf("after recovery the task ran on %v", res["model"])
 		}
@@ -454,7 +458,7 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		s := startServer(t, env)
 		failed := 0
 		for i := 0; i < 3; i++ {
-			if task := waitTask(t, s.URL, create(s).Body["id"].(string)); task["status"] == "failed" {
+			if task := waitTask(t, s.URL, create(s, i).Body["id"].(string)); task["status"] == "failed" {
 				failed++
 				if code := task["error"].(map[string]any)["code"]; code != "model_unavailable" {
 					t.Fatalf("failed task code %v", code)
@@ -464,7 +468,7 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		if failed != 3 {
 			t.Fatalf("%d of 3 tasks failed on a failing model", failed)
 		}
-		r := create(s)
+		r := create(s, 1)
 		if r.Status != 503 || r.code() != "model_unavailable" {
 			t.Fatalf("with the breaker open: %d %s", r.Status, r.Raw)
 		}
@@ -474,11 +478,12 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 		if a := hook.waitEvent(t, "breaker_open"); !a.Signed || a.Severity != "critical" || a.Details["model"] != "gpt-3.5-turbo" {
 			t.Fatalf("breaker_open alert: %+v", a)
 		}
-		// The refusal counted nothing: 3 admitted so far, so 96 remain after the next admission.
+		// The refusal counted nothing: the second visitor was admitted
+		// once so far, so 98 remain after its next admission.
 		mode.Store("ok")
 		waitHalfOpen(t, s)
-		r = create(s)
-		if r.Status != 202 || r.Body["quota"].(map[string]any)["ip_remaining"] != 96.0 {
+		r = create(s, 1)
+		if r.Status != 202 || r.Body["quota"].(map[string]any)["ip_remaining"] != 98.0 {
 			t.Fatalf("after recovery: %d %s", r.Status, r.Raw)
 		}
 		waitTask(t, s.URL, r.Body["id"].(string)) // the probe's success closes the breaker
@@ -494,7 +499,9 @@ func TestBreakerFallbackAndRecovery(t *testing.T) {
 func waitHalfOpen(t *testing.T, s *server) {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
+	// Five looks a second: the /api/config reads count in the visitor's
+	// per-second window (10), and the creation that follows must fit.
+	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		do(t, "GET", s.URL+"/api/config", "", nil)

@@ -100,8 +100,15 @@ func TestAITFOneToolCallIDCannotFillTheQueue(t *testing.T) {
 	t.Cleanup(unhold)
 	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "enforce", "FAREGATE_AITF_MAX_QUEUE": "10", "FAREGATE_AITF_DEGRADE_BACKLOG": "10",
 		"FAREGATE_TURNSTILE_SECRET_KEY": "test-secret", "FAREGATE_TURNSTILE_HOSTNAMES": "demo.example",
-		"FAREGATE_TURNSTILE_VERIFY_URL": sv.URL, "FAREGATE_TURNSTILE_TIMEOUT": "50s", "FAREGATE_IP_DAILY_LIMIT": "50"})
+		"FAREGATE_TURNSTILE_VERIFY_URL": sv.URL, "FAREGATE_TURNSTILE_TIMEOUT": "50s", "FAREGATE_IP_DAILY_LIMIT": "50",
+		// A flood of creations from one address fills the AITF queue:
+		// the per-second window would refuse it first.
+		"FAREGATE_REQUESTS_PER_SECOND": "0"})
 	defer unhold()
+	// However the test ends, its callers (which report through t) end
+	// before it does, and before the server stops: the holder is let go,
+	// and the queue drains behind it.
+	t.Cleanup(func() { unhold(); calls.Wait() })
 
 	optIn := map[string]string{"X-AITF-Opt-In": "true"}
 	holder := make(chan reply, 1)
@@ -141,7 +148,7 @@ func TestAITFOneToolCallIDCannotFillTheQueue(t *testing.T) {
 		t.Errorf("call_Z requests in the queue: %v, want 7 (8 with the one running)", d)
 	}
 
-	// The ones past the bound were answered at once, with the contract's code.
+	// The ones past the bound were answered at once, with the documented code.
 	for range n - 7 {
 		r := <-answers
 		if r.Status != 503 || r.code() != "aitf_queue_full" || r.Header.Get("Retry-After") == "" {
@@ -197,7 +204,10 @@ func TestAITFAlertFloodCannotDelayOperatorAlerts(t *testing.T) {
 	t.Cleanup(hook.Close)
 	pf := newPolicyFile(t, "tiers:\n  partner: {tasks_per_day: 5, tokens_per_day: 2000000, requests_per_minute: 100000}\n")
 	s := startServer(t, map[string]string{"FAREGATE_AITF_MODE": "enforce", "FAREGATE_POLICY_FILE": pf.Path,
-		"FAREGATE_ALERT_WEBHOOK_URL": hook.URL, "FAREGATE_ALERT_WEBHOOK_SECRET": secret})
+		"FAREGATE_ALERT_WEBHOOK_URL": hook.URL, "FAREGATE_ALERT_WEBHOOK_SECRET": secret,
+		// 480 looping requests at once from one address raise the alert
+		// flood: the per-second window would refuse most of them first.
+		"FAREGATE_REQUESTS_PER_SECOND": "0"})
 	var once sync.Once
 	unhang := func() { once.Do(func() { close(release) }) }
 	defer unhang() // before the server's shutdown drains the alerts

@@ -17,7 +17,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/web/browsertest"
 )
 

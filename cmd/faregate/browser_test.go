@@ -25,7 +25,7 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 
 	"faregate/web/browsertest"
 )

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 
-	"faregate/agent"
+	"faregate/agent/alert"
+	"faregate/agent/govern"
 	"faregate/api"
-	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/principal"
 )
@@ -38,7 +38,7 @@ func (b admissionBudget) CanAfford(ctx context.Context, r budget.AffordRequest) 
 	err := b.Budget.CanAfford(ctx, r)
 	var ex *budget.ExhaustedError
 	if errors.As(err, &ex) && ex.First {
-		a := agent.ExhaustedAlert(ex, r.Principal, r.Tier, "", "new tasks")
+		a := govern.ExhaustedAlert(ex, r.Principal, r.Tier, "", "new tasks")
 		a.Details["principal"] = principal.FromAccount(r.Principal).String()
 		a.Details["at"] = "admission"
 		b.notify(a)

@@ -12,25 +12,26 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent"
+	"faregate/agent/alert"
+	"faregate/agent/govern"
 	"faregate/agent/guide"
 	"faregate/agent/offline"
 	"faregate/agent/openai"
 	"faregate/agent/outbound"
 	"faregate/agent/task"
 	"faregate/agent/tools"
-	"faregate/protect/alert"
 	"faregate/protect/breaker"
 )
 
 // buildModels returns the primary model (an OpenAI-compatible server or the
 // offline demo planner), its breaker and the fallback.
-func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify func(alert.Alert)) (*agent.Models, error) {
+func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify func(alert.Alert)) (*govern.Models, error) {
 	httpClient := &http.Client{Timeout: cfg.LLMTimeout, Transport: modelTransport()}
-	var ms agent.Models
+	var ms govern.Models
 	if cfg.LLMBaseURL == "" {
 		// The offline model answers the model endpoint too, through an
 		// in-process transport, so its relay is the same as a provider's.
-		ms.Primary = agent.Model{Model: offline.New(), Name: offline.ModelName, Offline: true,
+		ms.Primary = govern.Model{Model: offline.New(), Name: offline.ModelName, Offline: true,
 			BaseURL: offline.BaseURL, HTTPClient: offline.Client()}
 	} else {
 		m, err := openai.New(openai.Options{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel,
@@ -38,7 +39,7 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify
 		if err != nil {
 			return nil, err
 		}
-		ms.Primary = agent.Model{Model: m, Name: m.Name(), BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, HTTPClient: httpClient}
+		ms.Primary = govern.Model{Model: m, Name: m.Name(), BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, HTTPClient: httpClient}
 		ms.Breaker = breaker.New(breaker.Settings{
 			Name: "primary", Window: cfg.BreakerWindow, MinCalls: cfg.BreakerMinCalls,
 			FailureRatio: cfg.BreakerFailureRatio, SlowRatio: cfg.BreakerSlowRatio, SlowCall: cfg.BreakerSlowCall,
@@ -52,7 +53,7 @@ func buildModels(cfg *config, lg *slog.Logger, reg prometheus.Registerer, notify
 		if err != nil {
 			return nil, err
 		}
-		ms.Fallback = &agent.Model{Model: fb, Name: fb.Name(), BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey, HTTPClient: httpClient}
+		ms.Fallback = &govern.Model{Model: fb, Name: fb.Name(), BaseURL: cfg.FallbackBaseURL, APIKey: cfg.FallbackAPIKey, HTTPClient: httpClient}
 	}
 	return &ms, nil
 }

@@ -14,10 +14,11 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"faregate/agent/gateway"
+	"faregate/agent/plancache"
 	"faregate/api"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
-	"faregate/protect/plancache"
 )
 
 // config is every FAREGATE_ variable, read once from the injected getenv.
@@ -54,6 +55,11 @@ type config struct {
 	FallbackBaseURL    string        `env:"LLM_FALLBACK_BASE_URL"`
 	FallbackModel      string        `env:"LLM_FALLBACK_MODEL"`
 	FallbackAPIKey     string        `env:"LLM_FALLBACK_API_KEY"`
+	// LLMProvider is the wire the provider speaks: openai (any
+	// OpenAI-compatible server, the offline model) or anthropic
+	// (Anthropic's Messages API); the fallback speaks the same.
+	LLMProvider      string `env:"LLM_PROVIDER" envDefault:"openai"`
+	FallbackProvider string `env:"LLM_FALLBACK_PROVIDER"`
 
 	AgentMaxSteps     int           `env:"AGENT_MAX_STEPS" envDefault:"6"`
 	AgentMaxToolCalls int           `env:"AGENT_MAX_TOOL_CALLS" envDefault:"12"`
@@ -69,7 +75,15 @@ type config struct {
 	AgentCallbackURL string `env:"AGENT_CALLBACK_URL"`
 	AgentMaxCalls    int    `env:"AGENT_MAX_CALLS" envDefault:"40"`
 	AgentMaxParallel int    `env:"AGENT_MAX_PARALLEL" envDefault:"4"`
-	EmbeddingModel   string `env:"EMBEDDING_MODEL"`
+	// AgentMaxEmbeddingCalls bounds an external task's embedding calls,
+	// counted apart from its model calls (agent/tasklimits).
+	AgentMaxEmbeddingCalls int    `env:"AGENT_MAX_EMBEDDING_CALLS" envDefault:"200"`
+	EmbeddingModel         string `env:"EMBEDDING_MODEL"`
+	// EmbeddingBaseURL is where /v1/embeddings goes when not to
+	// FAREGATE_LLM_BASE_URL (required with an anthropic provider, which
+	// has no embeddings).
+	EmbeddingBaseURL string `env:"EMBEDDING_BASE_URL"`
+	EmbeddingAPIKey  string `env:"EMBEDDING_API_KEY"`
 	V1MaxBody        int64  `env:"V1_MAX_BODY" envDefault:"2097152"`
 	// TaskInput is the body POST /api/tasks takes (api.InputTrip or
 	// api.InputPrompt); empty: trip with the built-in planner, prompt with
@@ -82,10 +96,17 @@ type config struct {
 	SearchURL    string `env:"SEARCH_URL"`
 	PublicURL    string `env:"PUBLIC_URL"`
 
-	DailyTokenBudget int64   `env:"DAILY_TOKEN_BUDGET" envDefault:"200000"`
-	IPDailyTokens    int64   `env:"IP_DAILY_TOKENS" envDefault:"40000"`
-	TaskTokenLimit   int64   `env:"TASK_TOKEN_LIMIT" envDefault:"12000"`
-	LoopThreshold    float64 `env:"LOOP_THRESHOLD" envDefault:"0.8"`
+	DailyTokenBudget int64 `env:"DAILY_TOKEN_BUDGET" envDefault:"200000"`
+	IPDailyTokens    int64 `env:"IP_DAILY_TOKENS" envDefault:"40000"`
+	// IPHourlyTokens is a visitor's sliding hour of tokens (0: off), with
+	// its soft throttle from SoftAt of it, to SoftRequestsPerMinute.
+	IPHourlyTokens        int64   `env:"IP_HOURLY_TOKENS" envDefault:"0"`
+	SoftAt                float64 `env:"SOFT_AT" envDefault:"0.8"`
+	SoftRequestsPerMinute int64   `env:"SOFT_REQUESTS_PER_MINUTE" envDefault:"5"`
+	TaskTokenLimit        int64   `env:"TASK_TOKEN_LIMIT" envDefault:"12000"`
+	BudgetLeaseCalls      int64   `env:"BUDGET_LEASE_CALLS" envDefault:"0"`
+	LoopThreshold         float64 `env:"LOOP_THRESHOLD" envDefault:"0.8"`
+	LoopCut               bool    `env:"LOOP_CUT" envDefault:"true"`
 
 	BreakerWindow         time.Duration `env:"BREAKER_WINDOW" envDefault:"60s"`
 	BreakerMinCalls       uint32        `env:"BREAKER_MIN_CALLS" envDefault:"10"`
@@ -105,7 +126,10 @@ type config struct {
 	StreamsMax          int           `env:"STREAMS_MAX" envDefault:"2000"`
 	StreamMaxDuration   time.Duration `env:"STREAM_MAX_DURATION" envDefault:"15m"`
 	RequestsPerMinute   int64         `env:"REQUESTS_PER_MINUTE" envDefault:"120"`
+	RequestsPerSecond   int64         `env:"REQUESTS_PER_SECOND" envDefault:"10"`
 	FailedChecksPerHour int64         `env:"FAILED_CHECKS_PER_HOUR" envDefault:"20"`
+	InvalidRatio        float64       `env:"INVALID_RATIO" envDefault:"0.5"`
+	InvalidMinRequests  int64         `env:"INVALID_MIN_REQUESTS" envDefault:"20"`
 	LogSummaryInterval  time.Duration `env:"LOG_SUMMARY_INTERVAL" envDefault:"10s"`
 	MaxConnections      int           `env:"MAX_CONNECTIONS" envDefault:"0"`
 	ConnectionsPerPeer  int           `env:"CONNECTIONS_PER_PEER" envDefault:"0"`
@@ -122,6 +146,10 @@ type config struct {
 	AlertWebhookSecret string        `env:"ALERT_WEBHOOK_SECRET"`
 	PlanCache          string        `env:"PLAN_CACHE" envDefault:"fallback"`
 	PlanCacheTTL       time.Duration `env:"PLAN_CACHE_TTL" envDefault:"24h"`
+
+	BillingURL       string `env:"BILLING_URL"`
+	BillingSecret    string `env:"BILLING_SECRET"`
+	LedgerMaxEntries int64  `env:"LEDGER_MAX_ENTRIES" envDefault:"1000000"`
 
 	CORSOrigins []string `env:"CORS_ORIGINS" envSeparator:","`
 	MetricsAddr string   `env:"METRICS_ADDR"`
@@ -145,6 +173,27 @@ type config struct {
 type defaultInUse struct {
 	Variable string
 	What     string
+}
+
+// anthropicProvider checks what an anthropic provider needs: a base URL
+// (the offline model speaks OpenAI's wire) and an external agent (the
+// built-in planner runs on langchaingo's OpenAI client only: its tool
+// calls and streamed usage are read in that wire).
+func anthropicProvider(c *config) string {
+	if c.LLMProvider != gateway.WireAnthropic {
+		return ""
+	}
+	var bad []string
+	if c.LLMBaseURL == "" {
+		bad = append(bad, "needs FAREGATE_LLM_BASE_URL (the URL /messages is appended to, such as https://api.anthropic.com/v1): the offline model speaks openai")
+	}
+	if c.AgentURL == "" {
+		bad = append(bad, "needs an external agent (FAREGATE_AGENT_URL): the built-in trip planner speaks only the openai wire; run it on an OpenAI-compatible server, or serve your Claude agent behind /v1/messages")
+	}
+	if c.LLMLegacyMaxTokens {
+		bad = append(bad, "FAREGATE_LLM_LEGACY_MAX_TOKENS is an openai setting (Messages has only max_tokens)")
+	}
+	return strings.Join(bad, "; ")
 }
 
 // embeddedDefaults lists the embedded defaults this configuration runs on.
@@ -258,6 +307,11 @@ func (c *config) validate(unparsed map[string]bool) error {
 // configrules.go. A new variable: its field in config, its line in
 // .env.example, and its rows here.
 func configRules() []rule {
+	return slices.Concat(serveRules(), modelRules(), budgetRules(), costRules())
+}
+
+// serveRules: the listener, Redis, Turnstile, the daily task quotas and the tools' URLs.
+func serveRules() []rule {
 	return []rule{
 		{"ADDR", listenAddr(true), nil},
 		{"ADDR", custom(embeddedDefaultsOnPublicAddr), []string{"DEV"}},
@@ -296,8 +350,14 @@ func configRules() []rule {
 		{"GEOCODING_URL", httpURL(), nil},
 		{"SEARCH_URL", httpURL(), nil},
 		{"PUBLIC_URL", httpURL(), nil},
+	}
+}
 
+// modelRules: the provider, its wire, the planner and the external agent.
+func modelRules() []rule {
+	return []rule{
 		{"LLM_BASE_URL", httpURL(), nil},
+		{"LLM_TIMEOUT", atLeast(time.Second), nil},
 		{"LLM_MAX_TOKENS", between(16, 1_000_000), nil},
 		// The ceiling of one call's charge must hold at least a call's own
 		// output, or every honest report would count as implausible.
@@ -309,6 +369,19 @@ func configRules() []rule {
 		}), []string{"LLM_MAX_TOKENS"}},
 		{"LLM_FALLBACK_BASE_URL", httpURL(), nil},
 		{"LLM_FALLBACK_MODEL", requiredWith("LLM_FALLBACK_BASE_URL", "to name the fallback's model"), []string{"LLM_FALLBACK_BASE_URL"}},
+		{"LLM_PROVIDER", oneOf(gateway.WireOpenAI, gateway.WireAnthropic), nil},
+		{"LLM_PROVIDER", custom(anthropicProvider), []string{"LLM_BASE_URL", "AGENT_URL", "LLM_LEGACY_MAX_TOKENS"}},
+		// One wire for both in this version: a call that fell back is the
+		// same call, its body patched the same way.
+		{"LLM_FALLBACK_PROVIDER", custom(func(c *config) string {
+			if c.FallbackProvider == "" {
+				c.FallbackProvider = c.LLMProvider
+			}
+			if c.FallbackProvider != c.LLMProvider {
+				return fmt.Sprintf("%q: must equal FAREGATE_LLM_PROVIDER (%q); the fallback speaks the primary's wire", c.FallbackProvider, c.LLMProvider)
+			}
+			return ""
+		}), []string{"LLM_PROVIDER"}},
 
 		{"AGENT_MAX_STEPS", between(1, 50), nil},
 		{"AGENT_MAX_TOOL_CALLS", between(0, 200), nil},
@@ -320,7 +393,10 @@ func configRules() []rule {
 		{"AGENT_CALLBACK_URL", custom(agentCallbackURL), nil},
 		{"AGENT_MAX_CALLS", between(1, 1000), nil},
 		{"AGENT_MAX_PARALLEL", between(1, 64), nil},
+		{"AGENT_MAX_EMBEDDING_CALLS", between(1, 100_000), nil},
 		{"V1_MAX_BODY", between[int64](16384, 64<<20), nil},
+		{"EMBEDDING_BASE_URL", httpURL(), nil},
+		{"EMBEDDING_BASE_URL", requiredWith("EMBEDDING_API_KEY", "to be where the key is sent"), []string{"EMBEDDING_API_KEY"}},
 		// The form follows the agent unless set: trip for the built-in
 		// planner, prompt for an external agent.
 		{"TASK_INPUT", custom(func(c *config) string {
@@ -343,11 +419,28 @@ func configRules() []rule {
 		// The bound keeps the largest prompt (4 UTF-8 bytes a code point)
 		// with a Turnstile token inside the 16 KiB body of /api.
 		{"PROMPT_MAX_CHARS", between(1, api.MaxPromptChars), nil},
+	}
+}
 
+// budgetRules: token budgets, the breaker, AITF, windows and connections.
+func budgetRules() []rule {
+	return []rule{
 		{"DAILY_TOKEN_BUDGET", atLeast[int64](1), nil},
 		{"IP_DAILY_TOKENS", atLeast[int64](1), nil},
+		{"IP_HOURLY_TOKENS", noted(between[int64](0, 1<<40), "0: off"), nil},
+		{"SOFT_AT", ratio(), nil},
+		{"SOFT_REQUESTS_PER_MINUTE", between[int64](1, 1_000_000), nil},
 		{"TASK_TOKEN_LIMIT", atLeast[int64](1), nil},
+		{"BUDGET_LEASE_CALLS", noted(between[int64](0, 1_000_000), "0: off, every call reserved in the day's slot"), nil},
 		{"LOOP_THRESHOLD", ratio(), nil},
+		// The /v1 cut reads the planner's threshold: off is its own switch,
+		// never a threshold of 0 (which the planner would read as 0.8).
+		{"LOOP_CUT", custom(func(c *config) string {
+			if c.LoopCut && c.LoopThreshold <= 0 {
+				return "needs FAREGATE_LOOP_THRESHOLD in (0, 1]; to turn the cut off on /v1, set FAREGATE_LOOP_CUT=false"
+			}
+			return ""
+		}), []string{"LOOP_THRESHOLD"}},
 
 		{"BREAKER_WINDOW", positive(), nil},
 		{"BREAKER_MIN_CALLS", atLeast[uint32](1), nil},
@@ -369,7 +462,17 @@ func configRules() []rule {
 		{"STREAMS_MAX", atLeast(1), nil},
 		{"STREAM_MAX_DURATION", atLeast(time.Second), nil},
 		{"REQUESTS_PER_MINUTE", atLeast[int64](1), nil},
+		{"REQUESTS_PER_SECOND", noted(between[int64](0, 1_000_000), "0: off"), nil},
 		{"FAILED_CHECKS_PER_HOUR", atLeast[int64](1), nil},
+		// A ratio of 1 could never be passed (the share must be above it):
+		// 0 is the way to turn the check off.
+		{"INVALID_RATIO", custom(func(c *config) string {
+			if r := c.InvalidRatio; !(r >= 0 && r < 1) {
+				return "want a share from 0 up to (not including) 1 (0: off)"
+			}
+			return ""
+		}), nil},
+		{"INVALID_MIN_REQUESTS", between[int64](1, 1_000_000), nil},
 		{"LOG_SUMMARY_INTERVAL", atLeast(100 * time.Millisecond), nil},
 		{"MAX_CONNECTIONS", noted(atLeast(0), "0: three quarters of the open-file limit"), nil},
 		{"CONNECTIONS_PER_PEER", noted(atLeast(0), "0: off"), nil},
@@ -378,7 +481,12 @@ func configRules() []rule {
 		{"SITE_TOKENS_PER_MINUTE", noted(atLeast[int64](0), "0: off"), nil},
 		{"SITE_PACE_WAIT", positive(), nil},
 		{"TOKEN_WAIT", positive(), nil},
+	}
+}
 
+// costRules: money, billing, the plan cache, CORS, leases and logs.
+func costRules() []rule {
+	return []rule{
 		{"MODEL_PRICES", parsed("", func(c *config) (err error) {
 			c.prices, err = budget.ParsePrices(c.ModelPrices)
 			return err
@@ -388,6 +496,10 @@ func configRules() []rule {
 			return err
 		}), nil},
 		{"ALERT_WEBHOOK_URL", httpURL(), nil},
+		{"BILLING_URL", httpURL(), nil},
+		{"BILLING_SECRET", requiredWith("BILLING_URL", "to sign every batch"), []string{"BILLING_URL"}},
+		{"BILLING_SECRET", minLen(16, "32 random bytes recommended: openssl rand -hex 32"), nil},
+		{"LEDGER_MAX_ENTRIES", between[int64](1000, 100_000_000), nil},
 		{"PLAN_CACHE", parsed("want off, fallback or always", func(c *config) (err error) {
 			c.cacheMode, err = plancache.ParseMode(c.PlanCache)
 			if c.AgentURL != "" {

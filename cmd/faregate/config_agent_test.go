@@ -14,7 +14,7 @@ func TestAgentConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.AgentURL != "" || c.AgentConcurrency != defaultConcurrencyBuiltin || c.V1MaxBody != 2097152 ||
-		c.AgentMaxCalls != 40 || c.AgentMaxParallel != 4 || c.EmbeddingModel != "" {
+		c.AgentMaxCalls != 40 || c.AgentMaxParallel != 4 || c.AgentMaxEmbeddingCalls != 200 || c.EmbeddingModel != "" {
 		t.Fatalf("defaults: %+v", c)
 	}
 	ext := map[string]string{"FAREGATE_AGENT_URL": "https://agent.example/run", "FAREGATE_AGENT_SECRET": "0123456789abcdef"}
@@ -40,6 +40,7 @@ func TestAgentConfig(t *testing.T) {
 		{map[string]string{"FAREGATE_V1_MAX_BODY": "100"}, "FAREGATE_V1_MAX_BODY"},
 		{map[string]string{"FAREGATE_AGENT_MAX_CALLS": "0"}, "FAREGATE_AGENT_MAX_CALLS"},
 		{map[string]string{"FAREGATE_AGENT_MAX_PARALLEL": "65"}, "FAREGATE_AGENT_MAX_PARALLEL"},
+		{map[string]string{"FAREGATE_AGENT_MAX_EMBEDDING_CALLS": "0"}, "FAREGATE_AGENT_MAX_EMBEDDING_CALLS"},
 		{map[string]string{"FAREGATE_AGENT_CONCURRENCY": "-1"}, "FAREGATE_AGENT_CONCURRENCY"},
 	} {
 		if _, err := loadConfig(envOf(tc.env)); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -22,7 +22,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		c.TaskTokenLimit != 12000 || c.LLMMaxTokens != 1024 || c.AITFMode != "observe" || c.AITFThreshold != 0.6 ||
 		c.BreakerWindow != 60*time.Second || c.BreakerMinCalls != 10 || c.BreakerOpenFor != 30*time.Second ||
 		c.BreakerSlowCall != 20*time.Second {
-		t.Fatalf("defaults differ from the contract: %+v", c)
+		t.Fatalf("defaults differ from the documented ones: %+v", c)
 	}
 	if got := len(c.embeddedDefaults()); got != 3 {
 		t.Fatalf("embedded defaults = %d, want 3", got)
@@ -148,7 +148,7 @@ func TestSecondRoundConfig(t *testing.T) {
 		c.FailedChecksPerHour != 20 || c.LogSummaryInterval != 10*time.Second || c.TaskLease != 30*time.Second ||
 		c.SiteTokensPerMinute != 0 || c.spendMicro != 0 || c.PlanCache != "fallback" || c.PlanCacheTTL != 24*time.Hour ||
 		c.IdleTimeout != 30*time.Second || c.MetricsAddr != "" || len(c.CORSOrigins) != 0 {
-		t.Fatalf("defaults differ from the contract: %+v", c)
+		t.Fatalf("defaults differ from the documented ones: %+v", c)
 	}
 	cases := []struct {
 		env  map[string]string
@@ -265,5 +265,102 @@ func TestConfigRulesTyped(t *testing.T) {
 	var zero config
 	if err := zero.runRules(configRules(), nil); err == nil || strings.Contains(err.Error(), "internal:") {
 		t.Errorf("the zero config: %v", err)
+	}
+}
+
+// TestSeedsConfig: the invalid ratio, the per-second window and the
+// hourly quota's variables: their defaults (the hour off, the second on at
+// 10), their bounds, and the public tier they make.
+func TestSeedsConfig(t *testing.T) {
+	c, err := loadConfig(envOf(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.InvalidRatio != 0.5 || c.InvalidMinRequests != 20 || c.RequestsPerSecond != 10 || c.IPHourlyTokens != 0 ||
+		c.SoftAt != 0.8 || c.SoftRequestsPerMinute != 5 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"FAREGATE_INVALID_RATIO": "1"}, "FAREGATE_INVALID_RATIO: want a share from 0 up to (not including) 1"},
+		{map[string]string{"FAREGATE_INVALID_RATIO": "-0.1"}, "FAREGATE_INVALID_RATIO"},
+		{map[string]string{"FAREGATE_INVALID_RATIO": "NaN"}, "FAREGATE_INVALID_RATIO"},
+		{map[string]string{"FAREGATE_INVALID_MIN_REQUESTS": "0"}, "FAREGATE_INVALID_MIN_REQUESTS"},
+		{map[string]string{"FAREGATE_REQUESTS_PER_SECOND": "-1"}, "FAREGATE_REQUESTS_PER_SECOND: want 0 to 1000000 (0: off)"},
+		{map[string]string{"FAREGATE_IP_HOURLY_TOKENS": "-1"}, "FAREGATE_IP_HOURLY_TOKENS"},
+		{map[string]string{"FAREGATE_SOFT_AT": "0"}, "FAREGATE_SOFT_AT: want a ratio in (0, 1]"},
+		{map[string]string{"FAREGATE_SOFT_AT": "1.5"}, "FAREGATE_SOFT_AT"},
+		{map[string]string{"FAREGATE_SOFT_REQUESTS_PER_MINUTE": "0"}, "FAREGATE_SOFT_REQUESTS_PER_MINUTE"},
+	} {
+		if _, err := loadConfig(envOf(tc.env)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+	for _, ok := range []map[string]string{
+		{"FAREGATE_INVALID_RATIO": "0"},
+		{"FAREGATE_REQUESTS_PER_SECOND": "0"},
+		{"FAREGATE_IP_HOURLY_TOKENS": "10000", "FAREGATE_SOFT_AT": "1", "FAREGATE_SOFT_REQUESTS_PER_MINUTE": "1"},
+	} {
+		if _, err := loadConfig(envOf(ok)); err != nil {
+			t.Errorf("%v: %v", ok, err)
+		}
+	}
+	// An hour that can never hold one run refuses to start, naming it.
+	_, err = startErr(t, map[string]string{"FAREGATE_IP_HOURLY_TOKENS": "100"})
+	if err == nil || !strings.Contains(err.Error(), "FAREGATE_IP_HOURLY_TOKENS") || !strings.Contains(err.Error(), "tokens_per_hour 100 can never hold one run") {
+		t.Fatalf("an hour of 100 tokens: %v", err)
+	}
+}
+
+// TestConfigProviders: an anthropic provider needs a base URL and an
+// external agent (the built-in planner speaks only the openai wire), and
+// refuses the legacy max_tokens setting; the fallback speaks the
+// primary's wire; an embeddings server needs no more than its URL. Each
+// refusal says why, and the binary does not start on it.
+func TestConfigProviders(t *testing.T) {
+	agent := map[string]string{"FAREGATE_AGENT_URL": "http://127.0.0.1:9/agent", "FAREGATE_AGENT_SECRET": "0123456789abcdef0123"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range agent {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"FAREGATE_LLM_PROVIDER": "anthropic", "FAREGATE_LLM_BASE_URL": "https://api.anthropic.com/v1"}, "the built-in trip planner speaks only the openai wire"},
+		{with("FAREGATE_LLM_PROVIDER", "anthropic"), "needs FAREGATE_LLM_BASE_URL"},
+		{with("FAREGATE_LLM_PROVIDER", "claude"), "FAREGATE_LLM_PROVIDER"},
+		{with("FAREGATE_LLM_PROVIDER", "anthropic", "FAREGATE_LLM_BASE_URL", "https://api.anthropic.com/v1", "FAREGATE_LLM_LEGACY_MAX_TOKENS", "true"), "FAREGATE_LLM_LEGACY_MAX_TOKENS is an openai setting"},
+		{with("FAREGATE_LLM_FALLBACK_PROVIDER", "anthropic"), `FAREGATE_LLM_FALLBACK_PROVIDER: "anthropic": must equal FAREGATE_LLM_PROVIDER ("openai")`},
+		{with("FAREGATE_EMBEDDING_API_KEY", "sk-e"), "FAREGATE_EMBEDDING_BASE_URL: required when FAREGATE_EMBEDDING_API_KEY is set"},
+	} {
+		if _, err := loadConfig(envOf(tc.env)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+	for _, ok := range []map[string]string{
+		with("FAREGATE_LLM_PROVIDER", "anthropic", "FAREGATE_LLM_BASE_URL", "https://api.anthropic.com/v1"),
+		with("FAREGATE_LLM_PROVIDER", "anthropic", "FAREGATE_LLM_FALLBACK_PROVIDER", "anthropic", "FAREGATE_LLM_BASE_URL", "https://api.anthropic.com/v1",
+			"FAREGATE_EMBEDDING_BASE_URL", "https://api.openai.com/v1", "FAREGATE_EMBEDDING_API_KEY", "sk-e", "FAREGATE_EMBEDDING_MODEL", "text-embedding-3-small"),
+		{"FAREGATE_LLM_PROVIDER": "openai"},
+	} {
+		c, err := loadConfig(envOf(ok))
+		if err != nil {
+			t.Errorf("%v: %v", ok, err)
+		} else if c.FallbackProvider != c.LLMProvider {
+			t.Errorf("%v: fallback provider %q", ok, c.FallbackProvider)
+		}
+	}
+	_, err := startErr(t, map[string]string{"FAREGATE_LLM_PROVIDER": "anthropic", "FAREGATE_LLM_BASE_URL": "https://api.anthropic.com/v1"})
+	if err == nil || !strings.Contains(err.Error(), "FAREGATE_AGENT_URL") {
+		t.Fatalf("the built-in planner on an anthropic provider started: %v", err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestOverageChargedRecordedAlerted: a provider that reports usage far
@@ -199,7 +199,9 @@ func TestHangingWebhookNeverSlowsRequests(t *testing.T) {
 	env := map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(), "FAREGATE_AGENT_MAX_TOOL_CALLS": "0",
 		"FAREGATE_IP_DAILY_LIMIT": "100000", "FAREGATE_GLOBAL_DAILY_LIMIT": "100000", "FAREGATE_IP_DAILY_TOKENS": "1000000000",
 		"FAREGATE_DAILY_TOKEN_BUDGET": "1000000000", "FAREGATE_QUEUE_MAX": "100000", "FAREGATE_PLAN_CACHE": "off",
-		"FAREGATE_LOG_LEVEL": "warn"}
+		"FAREGATE_LOG_LEVEL": "warn",
+		// Creations back to back, timed: more than ten a second from one address.
+		"FAREGATE_REQUESTS_PER_SECOND": "0"}
 	slow := startServer(t, mergeEnv(env, map[string]string{"FAREGATE_ALERT_WEBHOOK_URL": hanging.URL}))
 	quiet := startServer(t, env)
 
@@ -458,24 +460,34 @@ func TestPlanCacheModes(t *testing.T) {
 		})
 		s := startServer(t, map[string]string{"FAREGATE_LLM_BASE_URL": flaky.BaseURL(), "FAREGATE_AGENT_MAX_TOOL_CALLS": "0",
 			"FAREGATE_PLAN_CACHE": "fallback", "FAREGATE_IP_DAILY_LIMIT": "100",
-			"FAREGATE_BREAKER_MIN_CALLS": "3", "FAREGATE_BREAKER_OPEN_FOR": "1h"})
+			"FAREGATE_BREAKER_MIN_CALLS": "3", "FAREGATE_BREAKER_OPEN_FOR": "1h", "FAREGATE_TRUSTED_PROXIES": "127.0.0.1",
+			// Failing tasks back to back until the breaker opens, each
+			// polled to its end: more than ten requests a second.
+			"FAREGATE_REQUESTS_PER_SECOND": "0"})
 		planned(t, s)
 		down.Store(true)
 		// Tasks on the failing model until the breaker opens (a task's
-		// retries count too, so it may take fewer than MIN_CALLS tasks).
-		admitted := 1
+		// retries count too, so it may take fewer than MIN_CALLS tasks),
+		// from two visitors by turns: one alone never opens it.
+		admitted := 1 // by this visitor, whose ip_remaining is checked below
 		for i := 0; ; i++ {
 			if i == 10 {
 				t.Fatal("the breaker did not open after 10 failing tasks")
 			}
-			r := do(t, "POST", s.URL+"/api/tasks", fmt.Sprintf(`{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Town %d","days":3}`, i), nil)
+			var other map[string]string
+			if i%2 == 1 {
+				other = map[string]string{"X-Forwarded-For": "198.51.100.40"}
+			}
+			r := do(t, "POST", s.URL+"/api/tasks", fmt.Sprintf(`{"turnstile_token":"XXXX.DUMMY.TOKEN.XXXX","destination":"Town %d","days":3}`, i), other)
 			if r.Status == 503 && r.code() == "model_unavailable" {
 				break
 			}
 			if r.Status != 202 {
 				t.Fatalf("create: %d %s", r.Status, r.Raw)
 			}
-			admitted++
+			if other == nil {
+				admitted++
+			}
 			if task := waitTask(t, s.URL, r.Body["id"].(string)); task["status"] != "failed" {
 				t.Fatalf("a task on a failing model: %v", task)
 			}

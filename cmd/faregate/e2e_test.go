@@ -14,8 +14,8 @@ import (
 
 	"faregate/agent/task"
 	"faregate/protect/budget"
-	"faregate/protect/clocktest"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestE2EOwnAgentModelEndpoint is issue #21's first two tests through the
@@ -212,15 +212,36 @@ func TestE2EOwnAgentModelEndpoint(t *testing.T) {
 		sumPrompt, sumCompletion)
 }
 
-// e2eLedger is the day's ledger lines of task id, read on Redis.
-func e2eLedger(t *testing.T, rdb *redis.Client, day, id string) []map[string]any {
+// dayLedger is the day's ledger entries of model calls, read on Redis from
+// every stream of the day (Ledger.Streams), without the records of what
+// leases and direct reservations charged the day's scopes.
+func dayLedger(t testing.TB, rdb redis.Cmdable, day string) []redis.XMessage {
 	t.Helper()
-	msgs, err := rdb.XRange(context.Background(), budget.UsageKey(day), "-", "+").Result()
+	ctx := context.Background()
+	streams, err := budget.NewLedger(rdb, nil).Streams(ctx, day)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []redis.XMessage
+	for _, s := range streams {
+		msgs, err := rdb.XRange(ctx, s, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if _, record := m.Values["kind"]; !record {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// e2eLedger is the day's ledger lines of task id, read on Redis.
+func e2eLedger(t *testing.T, rdb *redis.Client, day, id string) []map[string]any {
+	t.Helper()
 	var out []map[string]any
-	for _, m := range msgs {
+	for _, m := range dayLedger(t, rdb, day) {
 		if m.Values["task"] == id {
 			out = append(out, m.Values)
 		}

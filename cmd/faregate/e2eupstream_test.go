@@ -236,7 +236,11 @@ func (u *e2eUpstream) embeddings(w http.ResponseWriter, body map[string]any, mod
 	for i := range inputs {
 		data = append(data, map[string]any{"object": "embedding", "index": i, "embedding": []float64{0.25, -0.5, float64(i)}})
 	}
-	rec.Completion = 0
+	// A provider counts an embeddings call's inputs (two tokens each
+	// here, as a tokenizer counts these short words), not a chat
+	// history's 40+3n: faregate reserves the prompt alone for it, and a
+	// report far above the input would be overage.
+	rec.Prompt, rec.Completion = int64(2*len(inputs)), 0
 	writeE2EJSON(w, map[string]any{"object": "list", "data": data, "model": model,
 		"usage": map[string]any{"prompt_tokens": rec.Prompt, "total_tokens": rec.Prompt}})
 }

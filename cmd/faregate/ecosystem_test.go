@@ -21,7 +21,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // repoRoot is the module root, seen from this package's directory (where

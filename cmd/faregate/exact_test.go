@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -22,7 +23,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent/tokens"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // The exactness test of issue #21, through the real binary: many external
@@ -57,6 +59,14 @@ type exactScale struct {
 	sequential bool
 	// siteBinds: the visitors together ask for more than the site holds.
 	siteBinds bool
+	// hangUps: the agents hang up half their calls at a random point
+	// (before the first event, or after some); underReport: the upstream
+	// reports 0 tokens (prompt and output) for half its calls.
+	hangUps, underReport bool
+	// anthropic: the provider speaks Messages (FAREGATE_LLM_PROVIDER), the
+	// agents' calls are kind a (exact_messages_test.go), priced with
+	// cache prices.
+	anthropic bool
 }
 
 func (s exactScale) tasks() int { return s.heavy*s.heavyTasks + s.light*s.lightTasks }
@@ -70,14 +80,29 @@ func TestExactSmall(t *testing.T) {
 }
 
 // TestExactSoak is the issue's full size (FAREGATE_SOAK=1, run by .ci/run):
-// 50 tasks × 10 streaming calls on 2 replicas, all at once.
+// 50 tasks × 10 streaming calls on 2 replicas, all at once, the agents
+// hanging up half their calls at random points and the upstream reporting
+// 0 tokens for half its answers.
 func TestExactSoak(t *testing.T) {
 	if os.Getenv("FAREGATE_SOAK") != "1" {
 		t.Skip("set FAREGATE_SOAK=1 for the soak tests (.ci/run does)")
 	}
 	exactRun(t, exactScale{calls: 10, heavy: 5, heavyTasks: 8, light: 5, lightTasks: 2,
 		maxTokens: 200, taskCap: 1000, visitorCap: 3000, siteCap: 24000,
-		deadline: 180 * time.Second, overallBudget: 240 * time.Second, kinds: "rcrm", siteBinds: true})
+		deadline: 180 * time.Second, overallBudget: 240 * time.Second, kinds: "rcrm", siteBinds: true,
+		hangUps: true, underReport: true})
+}
+
+// TestExactHostile is TestExactSmall with the soak's hostile agents and
+// upstream: half the calls hung up at a random point, half the answers
+// reported as 0 tokens. Every call that reached the upstream is charged
+// what it streamed (the agent's hang-up read on to the end, the report
+// below faregate's count raised to it), and the caps hold at every sample.
+func TestExactHostile(t *testing.T) {
+	exactRun(t, exactScale{calls: 4, heavy: 1, heavyTasks: 4, light: 2, lightTasks: 1,
+		maxTokens: 200, taskCap: 500, visitorCap: 900, siteCap: 1800,
+		deadline: 60 * time.Second, overallBudget: 90 * time.Second, kinds: "rcrm", siteBinds: true,
+		hangUps: true, underReport: true})
 }
 
 // TestExactResponsesFloor makes one task's calls one after another: a
@@ -127,6 +152,7 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 	be := redistest.Private(t) // KEYS over the whole store: a redis-server of its own
 	const model = "gpt-4o-mini"
 	up := newExactUpstream(t, model)
+	up.underReport = sc.underReport
 	ag := newExactAgent(t, sc, model)
 	n := sc.tasks()
 	env := realRedisEnv(be.URL, map[string]string{
@@ -146,6 +172,10 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 		// a slow Redis answer into a refusal.
 		"FAREGATE_REDIS_TIMEOUT": "20s",
 	})
+	if sc.anthropic {
+		env["FAREGATE_LLM_PROVIDER"], env["FAREGATE_MODEL_PRICES"] = "anthropic", model+"="+exactMessagesPrices
+		env["FAREGATE_DAILY_SPEND_LIMIT"] = "1000"
+	}
 	a, b := startServer(t, env), startServer(t, env)
 	ag.replicas = []string{a.URL, b.URL}
 	t.Logf("caps: task %d, visitor %d, site %d tokens; FAREGATE_LLM_MAX_TOKENS=%d; %d tasks (%d visitors × %d, %d × %d) × %d calls; "+
@@ -193,8 +223,25 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 		}
 	}
 	took := time.Since(started)
-	sampler.stop()
 	ag.wait()
+	// A call its agent hung up on is read on to its end, which may come
+	// after its task ended: the run is over once nothing is reserved and
+	// every call the upstream served is on the ledger.
+	if !clocktest.Poll(30*time.Second, func() bool {
+		snap, err := exactSample(context.Background(), be.Client, sc)
+		if err != nil {
+			return false
+		}
+		for _, c := range snap.counters {
+			if c.outstanding != 0 {
+				return false
+			}
+		}
+		return len(up.snapshot()) == exactLedgerLen(be.Client)
+	}) {
+		t.Errorf("30 s after the last task: reservations outstanding, or upstream calls not on the ledger")
+	}
+	sampler.stop()
 
 	// What the sampler saw while the calls ran.
 	s := sampler // read after stop
@@ -214,6 +261,9 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 
 	// The ledger against the counters, per task, visitor and site.
 	led := exactReadLedger(t, be.Client)
+	if sc.anthropic {
+		exactMessagesCosts(t, led)
+	}
 	principalOf := map[string]string{} // task → principal, from the ledger
 	for _, e := range led.lines {
 		if p, ok := principalOf[e.task]; ok && p != e.principal {
@@ -242,7 +292,7 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 		want, ok := led.sums[key]
 		if exactClass(key) == "tier" {
 			// One tier (public): its counter is the site's.
-			want, ok = led.sums[key[:strings.Index(key, "}:")+2]+"site"]
+			want, ok = led.sums[key[:strings.Index(key, "|")+1]+"site"]
 		}
 		if !ok && c.settled == 0 {
 			continue
@@ -284,44 +334,28 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 	}
 
 	// The client's side: every stream well formed, every refusal the
-	// budget's, and the usage it was told equal to what it read.
+	// budget's, the usage it was told equal to what the ledger charged,
+	// and every call charged at least what the client read of it.
 	res := ag.snapshot()
-	var streams, refused, cutChat, cutResp int
-	var clientSum int64
-	for _, r := range res {
-		switch {
-		case r.err != "":
-			t.Errorf("task %s call %d (%s): %s", r.task, r.call, r.kind, r.err)
-		case r.refused:
-			refused++
-		default:
-			streams++
-			clientSum += r.prompt + r.completion
-			if r.kind == "responses" {
-				cutResp++
-			} else {
-				cutChat++
-			}
-		}
+	streams, refused, abandoned, closed, under, cutChat, cutResp, clientSum := exactClientChecks(t, res, led)
+	if streams+refused+abandoned != n*sc.calls {
+		t.Errorf("%d streams + %d refusals + %d hung up, want %d calls", streams, refused, abandoned, n*sc.calls)
 	}
-	if streams+refused != n*sc.calls {
-		t.Errorf("%d streams + %d refusals, want %d calls", streams, refused, n*sc.calls)
-	}
-	if streams != len(led.lines) {
-		t.Errorf("%d streams read by the clients, %d ledger lines", streams, len(led.lines))
-	}
-	if clientSum != led.total {
-		t.Errorf("the clients were told %d tokens in all, the ledger sums to %d", clientSum, led.total)
+	if streams+abandoned != len(led.lines) {
+		t.Errorf("%d streams read by the clients and %d hung up after their first event, %d ledger lines", streams, abandoned, len(led.lines))
 	}
 	if refused == 0 && sc.siteBinds {
 		t.Errorf("no call was refused: the caps did not bind")
+	}
+	if sc.hangUps && abandoned == 0 || sc.underReport && under == 0 {
+		t.Errorf("%d calls hung up, %d under-reported: the hostile cases did not happen", abandoned, under)
 	}
 
 	// How close each kind of cap came (the site must have bound: all the
 	// visitors together ask for more than it holds).
 	var siteUsed, outstanding, overage int64
 	for key, c := range final.counters {
-		if strings.HasSuffix(key, "}:site") {
+		if strings.HasSuffix(key, "|site") {
 			siteUsed += c.settled
 		}
 		outstanding += c.outstanding
@@ -330,8 +364,8 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 	if sc.siteBinds && siteUsed < sc.siteCap-sc.maxTokens && len(final.days) == 1 {
 		t.Errorf("the site settled %d of its cap %d: it did not bind", siteUsed, sc.siteCap)
 	}
-	t.Logf("run: %d tasks done in %v; %d calls: %d streams ended well formed (%d chat finish_reason length, %d response.incomplete), %d refused demo_budget_exhausted",
-		n, took.Round(time.Millisecond), n*sc.calls, streams, cutChat, cutResp, refused)
+	t.Logf("run: %d tasks done in %v; %d calls: %d streams ended well formed (%d chat finish_reason length, %d response.incomplete), %d refused demo_budget_exhausted, %d hung up by the agent (%d while faregate relayed: client_closed), %d reported as 0 by the upstream",
+		n, took.Round(time.Millisecond), n*sc.calls, streams, cutChat, cutResp, refused, abandoned, closed, under)
 	t.Logf("sampled %d times: max settled+outstanding−overage task %d/%d, visitor %d/%d, site %d/%d; overage seen %d",
 		s.samples, s.max["task"], sc.taskCap, s.max["p"], sc.visitorCap, s.max["site"], sc.siteCap, s.overage)
 	t.Logf("final: site settled %d/%d; max task %d/%d (%d tasks at their cap), max visitor %d/%d (%d visitors at their cap); outstanding %d, overage %d in all scopes",
@@ -351,9 +385,61 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 			}
 		}
 	}
-	t.Logf("ledger: %d lines summing to %d tokens (= site counter %d, = what the upstream streamed %d, = what the clients were told %d); per task and per visitor sums equal their counters",
+	t.Logf("ledger: %d lines summing to %d tokens (= site counter %d, = what the upstream streamed %d; %d of them told to the clients that read their usage); per task and per visitor sums equal their counters",
 		len(led.lines), led.total, siteUsed, exactSum(billed), clientSum)
 	return res
+}
+
+// exactClientChecks checks what the clients read against the ledger, by
+// request id: a stream read whole and honestly reported was told what it
+// was charged; every stream, hung up or under-reported, was charged at
+// least its prompt and what the client read of it. It returns the counts
+// of each kind of call (closed: hung up while faregate was still relaying)
+// and the tokens the clients were told.
+func exactClientChecks(t *testing.T, res []exactResult, led exactLedger) (streams, refused, abandoned, closed, under, cutChat, cutResp int, told int64) {
+	t.Helper()
+	for _, r := range res {
+		line, onLedger := led.byRequest[r.requestID]
+		switch {
+		case r.err != "":
+			t.Errorf("task %s call %d (%s): %s", r.task, r.call, r.kind, r.err)
+			continue
+		case r.refused:
+			refused++
+			continue
+		case r.abandoned:
+			abandoned++
+		default:
+			streams++
+			if r.kind == "responses" {
+				cutResp++
+			} else {
+				cutChat++
+			}
+		}
+		if r.under {
+			under++
+		}
+		if !onLedger {
+			t.Errorf("task %s call %d (%s, request %q): no ledger line", r.task, r.call, r.kind, r.requestID)
+			continue
+		}
+		if line.tokens < r.read {
+			t.Errorf("task %s call %d: charged %d tokens, the client read %d", r.task, r.call, line.tokens, r.read)
+		}
+		if !r.abandoned && !r.under {
+			told += r.prompt + r.completion
+			if line.tokens != r.prompt+r.completion {
+				t.Errorf("task %s call %d: told %d tokens, charged %d", r.task, r.call, r.prompt+r.completion, line.tokens)
+			}
+		}
+		// A hang-up after the whole stream was written (into the socket's
+		// buffers) is a call that ended well; one before says client_closed.
+		if r.abandoned && line.outcome == "client_closed" {
+			closed++
+		}
+	}
+	return
 }
 
 func exactSum(m map[string]int64) int64 {
@@ -374,6 +460,8 @@ type exactUpstream struct {
 	srv     *httptest.Server
 	counter tokens.Counter
 	words   []string
+	// underReport: half the calls (exactUnder) report 0 tokens.
+	underReport bool
 
 	mu    sync.Mutex
 	calls []exactUpCall
@@ -384,6 +472,17 @@ type exactUpstream struct {
 type exactUpCall struct {
 	task, kind               string
 	prompt, limit, generated int64
+	// under: the usage reported is 0 tokens, prompt and output.
+	under bool
+}
+
+// reported is what the call's usage says: what it used, or 0 for an
+// under-reported call.
+func (c *exactUpCall) reported() (prompt, output int64) {
+	if c.under {
+		return 0, 0
+	}
+	return c.prompt, c.generated
 }
 
 func newExactUpstream(t testing.TB, model string) *exactUpstream {
@@ -420,7 +519,8 @@ type exactUpRequest struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	} `json:"messages"`
-	Task                string `json:"exact_task"` // the agent's extra field, passed through
+	Task                string `json:"exact_task"` // the agent's extra fields, passed through
+	Call                int    `json:"exact_call"`
 	Instructions        string `json:"instructions"`
 	Input               string `json:"input"`
 	MaxTokens           *int64 `json:"max_tokens"`
@@ -438,11 +538,17 @@ func (u *exactUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		kind = "chat"
 	case "/v1/responses":
 		kind = "responses"
+	case "/v1/messages":
+		u.serveMessages(w, r)
+		return
 	default:
 		http.NotFound(w, r)
 		return
 	}
-	raw, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		return // the caller cut the request before it was whole: nothing to serve
+	}
 	var req exactUpRequest
 	if err := json.Unmarshal(raw, &req); err != nil || !req.Stream {
 		u.t.Errorf("upstream: not a streaming request: %v %s", err, raw)
@@ -474,7 +580,8 @@ func (u *exactUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(req.Task, "t_") {
 		u.t.Errorf("upstream: the agent's extra field did not pass through: %s", raw)
 	}
-	c := exactUpCall{task: req.Task, kind: kind, prompt: u.counter.Chat(msgs, ""), limit: limit}
+	c := exactUpCall{task: req.Task, kind: kind, prompt: u.counter.Chat(msgs, ""), limit: limit,
+		under: u.underReport && exactUnder(req.Task, req.Call)}
 	if kind == "chat" && !req.StreamOptions.IncludeUsage {
 		u.t.Errorf("upstream: a chat stream without stream_options.include_usage")
 	}
@@ -525,8 +632,9 @@ func (u *exactUpstream) streamChat(ctx context.Context, c *exactUpCall, model st
 			return
 		}
 	}
+	p, o := c.reported()
 	_ = send("", chunk([]any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}}, nil)) &&
-		send("", chunk([]any{}, map[string]any{"prompt_tokens": c.prompt, "completion_tokens": c.generated, "total_tokens": c.prompt + c.generated}))
+		send("", chunk([]any{}, map[string]any{"prompt_tokens": p, "completion_tokens": o, "total_tokens": p + o}))
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 }
 
@@ -567,8 +675,9 @@ func (u *exactUpstream) streamResponses(ctx context.Context, c *exactUpCall, mod
 	final := resp("incomplete")
 	final["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
 	final["output"] = []any{done}
-	final["usage"] = map[string]any{"input_tokens": c.prompt, "input_tokens_details": map[string]any{"cached_tokens": 0},
-		"output_tokens": c.generated, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": c.prompt + c.generated}
+	p, o := c.reported()
+	final["usage"] = map[string]any{"input_tokens": p, "input_tokens_details": map[string]any{"cached_tokens": 0},
+		"output_tokens": o, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": p + o}
 	_ = ev("response.output_text.done", loc(map[string]any{"text": text.String(), "logprobs": []any{}})) &&
 		ev("response.content_part.done", loc(map[string]any{"part": part})) &&
 		ev("response.output_item.done", map[string]any{"output_index": 0, "item": done}) &&
@@ -598,9 +707,39 @@ type exactAgent struct {
 type exactResult struct {
 	task, kind         string
 	call               int
+	requestID          string
 	refused            bool
-	prompt, completion int64
-	err                string // why the call was not as it must be
+	prompt, completion int64 // the usage the client was told
+	// read is the prompt (as the client was told it, or counted) and the
+	// output tokens the client read; abandoned: the agent hung up on the
+	// call; under: the upstream reported 0 tokens for it.
+	read             int64
+	abandoned, under bool
+	err              string // why the call was not as it must be
+}
+
+// exactUnder says whether the upstream reports 0 tokens for call i of
+// task id: half the calls, spread over the tasks and the calls' kinds.
+func exactUnder(id string, i int) bool {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "under/%s/%d", id, i)
+	return h.Sum32()%2 == 0
+}
+
+// hangAt is the event after which the agent hangs up on call i of task id
+// (-1: it reads the call to its end): half the calls, at a point spread
+// over the first 30 events.
+func (a *exactAgent) hangAt(id string, i int) int {
+	if !a.sc.hangUps {
+		return -1
+	}
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s/%d", id, i)
+	n := int(h.Sum32())
+	if n%2 == 0 {
+		return -1
+	}
+	return (n / 2) % 30
 }
 
 func newExactAgent(t testing.TB, sc exactScale, model string) *exactAgent {
@@ -667,14 +806,22 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	base := a.replicas[i%2]
 	id := d.Body.Task.ID
 	c := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(d.Body.OpenAI.APIKey), option.WithMaxRetries(0),
-		option.WithJSONSet("exact_task", id))
+		option.WithJSONSet("exact_task", id), option.WithJSONSet("exact_call", i))
 	prompt := exactPrompt(i)
 	const asked = 100000
 	kind := a.sc.kinds[i%len(a.sc.kinds)]
-	if kind == 'r' {
-		return a.responses(ctx, c, id, i, prompt, asked)
+	ctx, hangUp := context.WithCancel(ctx)
+	defer hangUp()
+	under := a.sc.underReport && exactUnder(id, i)
+	switch kind {
+	case 'r':
+		return a.responses(ctx, hangUp, c, id, i, prompt, asked, under)
+	case 'a':
+		return a.messages(ctx, hangUp, d, base, i, prompt, asked, under)
 	}
-	res := exactResult{task: id, kind: "chat", call: i}
+	res := exactResult{task: id, kind: "chat", call: i, under: under}
+	hangAt := a.hangAt(id, i)
+	var hdr *http.Response
 	p := openai.ChatCompletionNewParams{Model: d.Body.OpenAI.Model,
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
 		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}}
@@ -683,11 +830,21 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	} else {
 		p.MaxCompletionTokens = openai.Int(asked)
 	}
-	stream := c.Chat.Completions.NewStreaming(ctx, p)
+	stream := c.Chat.Completions.NewStreaming(ctx, p, option.WithResponseInto(&hdr))
+	if hdr != nil {
+		res.requestID = hdr.Header.Get("X-Request-Id")
+	}
 	var pieces, usageChunks int64
 	var usage openai.CompletionUsage
 	finish, lastFinish := "", false
-	for stream.Next() {
+	for events := 0; stream.Next(); events++ {
+		if events == hangAt {
+			// The agent hangs up: the provider has the prompt and goes on.
+			hangUp()
+			_ = stream.Close()
+			res.abandoned, res.read = true, exactPromptTokens(a.model)[i]+pieces
+			return res
+		}
 		ch := stream.Current()
 		if len(ch.Choices) == 0 {
 			if ch.Usage.TotalTokens > 0 {
@@ -710,10 +867,14 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 		res.refused, res.err = exactRefusal(err, pieces)
 		return res
 	}
+	res.read = exactPromptTokens(a.model)[i] + pieces
 	switch {
 	case res.err != "":
 	case finish != "length":
 		res.err = fmt.Sprintf("finish_reason %q, want length", finish)
+	case under:
+		// The provider's usage chunk (0) is relayed as it came; what is
+		// charged is checked against the ledger.
 	case usageChunks != 1:
 		res.err = fmt.Sprintf("%d usage chunks, want 1", usageChunks)
 	case usage.CompletionTokens != pieces || usage.PromptTokens <= 0 || usage.TotalTokens != usage.PromptTokens+usage.CompletionTokens:
@@ -723,15 +884,27 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	return res
 }
 
-func (a *exactAgent) responses(ctx context.Context, c openai.Client, id string, i int, prompt string, asked int64) exactResult {
-	res := exactResult{task: id, kind: "responses", call: i}
+func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c openai.Client, id string, i int, prompt string, asked int64, under bool) exactResult {
+	res := exactResult{task: id, kind: "responses", call: i, under: under}
+	hangAt := a.hangAt(id, i)
+	var hdr *http.Response
 	stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: a.model,
-		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}, MaxOutputTokens: openai.Int(asked)})
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}, MaxOutputTokens: openai.Int(asked)},
+		option.WithResponseInto(&hdr))
+	if hdr != nil {
+		res.requestID = hdr.Header.Get("X-Request-Id")
+	}
 	var pieces int64
 	var seq int64 = -1
 	var final responses.Response
 	last := ""
-	for stream.Next() {
+	for events := 0; stream.Next(); events++ {
+		if events == hangAt {
+			hangUp()
+			_ = stream.Close()
+			res.abandoned, res.read = true, exactPromptTokens(a.model)[i]+pieces
+			return res
+		}
 		ev := stream.Current()
 		if ev.SequenceNumber <= seq && res.err == "" {
 			res.err = fmt.Sprintf("sequence %d after %d", ev.SequenceNumber, seq)
@@ -748,12 +921,14 @@ func (a *exactAgent) responses(ctx context.Context, c openai.Client, id string, 
 		res.refused, res.err = exactRefusal(err, pieces)
 		return res
 	}
+	res.read = exactPromptTokens(a.model)[i] + pieces
 	switch {
 	case res.err != "":
 	case last != "response.incomplete":
 		res.err = fmt.Sprintf("last event %q, want response.incomplete", last)
 	case final.Status != "incomplete" || final.IncompleteDetails.Reason != "max_output_tokens":
 		res.err = fmt.Sprintf("final status %q reason %q", final.Status, final.IncompleteDetails.Reason)
+	case under:
 	case final.Usage.OutputTokens != pieces || final.Usage.InputTokens <= 0 || final.OutputText() == "" ||
 		int64(strings.Count(final.OutputText(), " ")) != pieces:
 		res.err = fmt.Sprintf("usage %+v, read %d tokens, output %d pieces", final.Usage, pieces, strings.Count(final.OutputText(), " "))
@@ -800,7 +975,17 @@ func (s exactSnapshot) atCap(class string, limit, slack int64) int {
 
 // exactClass is a budget key's scope class: site, tier, p (visitor),
 // task, or "" for the keys that are not scope counters.
+// exactName names a scope counter whatever slot its key is in: its day
+// and what follows the hash tag (site, tier:…, p:…, task:…).
+func exactName(key string) string {
+	i, j := strings.Index(key, "{"), strings.Index(key, "}:")
+	return key[i+1:i+11] + "|" + key[j+2:]
+}
+
 func exactClass(key string) string {
+	if i := strings.Index(key, "|"); i >= 0 {
+		key = "}:" + key[i+1:]
+	}
 	i := strings.Index(key, "}:")
 	if i < 0 {
 		return ""
@@ -852,7 +1037,7 @@ func exactSample(ctx context.Context, rdb *redis.Client, sc exactScale) (exactSn
 			}
 		}
 		c := exactCounter{settled: v[0], outstanding: v[1], overage: v[2]}
-		s.counters[k] = c
+		s.counters[exactName(k)] = c
 		class := exactClass(k)
 		bound := c.settled + c.outstanding - c.overage
 		s.max[class] = max(s.max[class], bound)
@@ -924,8 +1109,11 @@ func (s *exactSampler) stop() {
 // ---- the ledger ----
 
 type exactLine struct {
-	task, principal string
-	tokens, overage int64
+	task, principal    string
+	requestID, outcome string
+	tokens, overage    int64
+	// What a line's cost is computed from, and the cost.
+	prompt, completion, cacheWrite, cacheRead, cost int64
 }
 
 type exactLedger struct {
@@ -934,6 +1122,35 @@ type exactLedger struct {
 	// principal and site, per day).
 	sums  map[string]int64
 	total int64
+	// byRequest is the lines by request id.
+	byRequest map[string]exactLine
+}
+
+// exactLedgerLen is how many calls' lines the ledger holds, every day:
+// not the records of what leases and direct reservations charged the
+// day's scopes.
+func exactLedgerLen(rdb *redis.Client) int {
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "faregate:usage:*").Result()
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, k := range keys {
+		if rdb.Type(ctx, k).Val() != "stream" {
+			continue // a stream's counters
+		}
+		msgs, err := rdb.XRange(ctx, k, "-", "+").Result()
+		if err != nil {
+			return -1
+		}
+		for _, m := range msgs {
+			if _, record := m.Values["kind"]; !record {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func exactReadLedger(t *testing.T, rdb *redis.Client) exactLedger {
@@ -944,15 +1161,21 @@ func exactReadLedger(t *testing.T, rdb *redis.Client) exactLedger {
 		t.Fatal(err)
 	}
 	sort.Strings(keys)
-	l := exactLedger{sums: map[string]int64{}}
+	l := exactLedger{sums: map[string]int64{}, byRequest: map[string]exactLine{}}
 	for _, k := range keys {
-		day := k[strings.Index(k, "{")+1 : strings.Index(k, "}")]
+		if rdb.Type(ctx, k).Val() != "stream" {
+			continue // a stream's counters
+		}
+		// The day's stream and each principal bucket's: {<day>} or {<day>:b…}.
+		day := k[strings.Index(k, "{")+1 : strings.Index(k, "{")+11]
 		msgs, err := rdb.XRange(ctx, k, "-", "+").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := "faregate:budget:{" + day + "}:"
 		for _, m := range msgs {
+			if _, record := m.Values["kind"]; record {
+				continue // what a lease or a direct reservation charged the day's scopes
+			}
 			num := func(f string) int64 {
 				n, err := strconv.ParseInt(fmt.Sprint(m.Values[f]), 10, 64)
 				if err != nil {
@@ -961,11 +1184,15 @@ func exactReadLedger(t *testing.T, rdb *redis.Client) exactLedger {
 				return n
 			}
 			e := exactLine{task: fmt.Sprint(m.Values["task"]), principal: fmt.Sprint(m.Values["principal"]),
-				tokens: num("prompt_tokens") + num("completion_tokens"), overage: num("overage_tokens")}
+				requestID: fmt.Sprint(m.Values["request_id"]), outcome: fmt.Sprint(m.Values["outcome"]),
+				tokens: num("prompt_tokens") + num("completion_tokens"), overage: num("overage_tokens"),
+				prompt: num("prompt_tokens"), completion: num("completion_tokens"), cacheWrite: num("cache_creation_input_tokens"),
+				cacheRead: num("cache_read_input_tokens"), cost: num("cost_micro")}
 			l.lines = append(l.lines, e)
+			l.byRequest[e.requestID] = e
 			l.total += e.tokens
-			for _, key := range []string{p + "task:" + e.task, p + "p:" + e.principal, p + "site"} {
-				l.sums[key] += e.tokens
+			for _, key := range []string{"task:" + e.task, "p:" + e.principal, "site"} {
+				l.sums[day+"|"+key] += e.tokens
 			}
 		}
 	}

@@ -13,17 +13,17 @@ import (
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/protect/budget"
-	"faregate/protect/clocktest"
 	"faregate/protect/codes"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/quota"
-	"faregate/protect/redistest"
 )
 
 // The fault tests of issue #8, end to end. Each gets a redis-server of its
 // own when it stops, cuts or times Redis; leases are 3 s or more, and every
 // wait is a poll for a real event with a deadline.
 
-// processLease is the lease of the process tests: the contract's minimum,
+// processLease is the lease of the process tests: the documented minimum,
 // so a lost task is noticed soon.
 const processLease = 3 * time.Second
 

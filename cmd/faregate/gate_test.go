@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestRunEmbeddedDefaults is the newcomer's path: run on nothing but
@@ -92,7 +92,9 @@ func deadURL(t testing.TB) string {
 // TestShapeRefusalsCountNothing sends bad requests; each gets its code and
 // none of them moves the quota.
 func TestShapeRefusalsCountNothing(t *testing.T) {
-	s := startServer(t, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "2"})
+	// A table of refused requests back to back from one address: the
+	// per-second window and the invalid ratio have tests of their own.
+	s := startServer(t, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "2", "FAREGATE_REQUESTS_PER_SECOND": "0", "FAREGATE_INVALID_RATIO": "0"})
 	long := strings.Repeat("é", 81)
 	cases := []struct {
 		name, ctype, body string
@@ -165,7 +167,10 @@ func TestQuotaExactUnderConcurrency(t *testing.T) {
 	be := redistest.Private(t) // a flood: a redis-server of its own
 	t.Run("one visitor", func(t *testing.T) {
 		_ = be.Client.FlushDB(context.Background()).Err()
-		s := startServer(t, realRedisEnv(be.URL, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "7", "FAREGATE_GLOBAL_DAILY_LIMIT": "100000"}))
+		// 500 creations at once from one address: the daily limit's race,
+		// not the per-second window's.
+		s := startServer(t, realRedisEnv(be.URL, map[string]string{"FAREGATE_IP_DAILY_LIMIT": "7", "FAREGATE_GLOBAL_DAILY_LIMIT": "100000",
+			"FAREGATE_REQUESTS_PER_SECOND": "0"}))
 		codes := hammer(t, 500, func(i int) reply {
 			return do(t, "POST", s.URL+"/api/tasks", taskBody("Lisbon"), nil)
 		})
@@ -424,6 +429,8 @@ func TestTurnstileOutcomesThroughTheGate(t *testing.T) {
 	s := startServer(t, realRedisEnv(rs.URL, map[string]string{
 		"FAREGATE_TURNSTILE_SECRET_KEY": "test-secret", "FAREGATE_TURNSTILE_HOSTNAMES": "demo.example",
 		"FAREGATE_TURNSTILE_VERIFY_URL": emu.URL, "FAREGATE_TURNSTILE_TIMEOUT": "300ms",
+		// Every siteverify answer back to back, most of them refusals.
+		"FAREGATE_REQUESTS_PER_SECOND": "0", "FAREGATE_INVALID_RATIO": "0",
 	}))
 	cases := []struct {
 		name, answer string

@@ -17,17 +17,27 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // The seed incidents, replayed end to end.
 
-// budgetHash reads one budget scope's hash: settled, outstanding, overage.
+// budgetHash reads one of today's budget scope hashes: settled,
+// outstanding, overage. The day's scopes (site, spend, tier:…) are in the
+// day's slot, a principal's and its tasks' (p:…, task:…) in its bucket's:
+// the one key of the day that ends in key.
 func budgetHash(t testing.TB, c *redis.Client, key string) (settled, outstanding, overage int64) {
 	t.Helper()
-	h, err := c.HGetAll(context.Background(), "faregate:budget:{"+utcToday()+"}:"+key).Result()
-	if err != nil {
-		t.Fatal(err)
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, "faregate:budget:{"+utcToday()+"*}:"+key).Result()
+	if err != nil || len(keys) > 1 {
+		t.Fatalf("budget keys of %s: %v, %v", key, keys, err)
+	}
+	h := map[string]string{}
+	if len(keys) == 1 {
+		if h, err = c.HGetAll(ctx, keys[0]).Result(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fmt.Sscan(h["settled"], &settled)
 	fmt.Sscan(h["outstanding"], &outstanding)

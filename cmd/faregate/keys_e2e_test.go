@@ -15,11 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"faregate/agent"
+	"faregate/agent/alert"
 	"faregate/agent/guide"
-	"faregate/protect/alert"
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/quota"
-	"faregate/protect/redistest"
 )
 
 // TestKeyedLaneEndToEnd runs the keyed lane (#9) on real Redis with two

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 	"faregate/protect/policy"
 )
 
@@ -142,9 +142,7 @@ func pollUntil(t testing.TB, timeout time.Duration, what string, cond func() boo
 // poll, through pollUntil or clocktest.Poll): the stretch is itself the
 // quantity a test needs, a measurement window, a gap a Retry-After must
 // count, or a Retry-After a client honours.
-func letTimePass(d time.Duration) {
-	time.Sleep(d) // the stretch of time is what the caller measures or honours
-}
+func letTimePass(d time.Duration) { clocktest.Pass(d) }
 
 // postTask posts a task for dest with the header h.
 func postTask(t testing.TB, base, dest string, h map[string]string) reply {

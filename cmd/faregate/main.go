@@ -3,6 +3,7 @@
 //
 //	faregate                      serve (see .env.example for configuration)
 //	faregate usage [-day DAY]     per-model token totals of a UTC day
+//	faregate ledger export        the usage ledger as JSON Lines, for billing
 //	faregate aitf score [FILE]    score captured request bodies (JSON or NDJSON)
 package main
 

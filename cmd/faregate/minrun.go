@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"math"
 
-	"faregate/agent"
 	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/agent/task"
 	"faregate/protect/budget"
 	"faregate/protect/policy"
@@ -32,7 +32,7 @@ type minRun struct {
 	external bool
 }
 
-func newMinRun(models *agent.Models, tokens int64, maxTokens int) minRun {
+func newMinRun(models *govern.Models, tokens int64, maxTokens int) minRun {
 	m := minRun{tokens: tokens, maxTokens: maxTokens, model: models.Next(false).Name, models: []string{models.Primary.Name}}
 	if models.Fallback != nil {
 		m.models = append(m.models, models.Fallback.Name)
@@ -101,6 +101,14 @@ func (m minRun) checkPolicy(cfg *config, p *policy.Policy) error {
 			errs = append(errs, fmt.Errorf("%s: tokens_per_day %d can never hold one run: %s; want at least %d",
 				name, t.TokensPerDay, m.what(), m.tokens))
 		}
+		if t.TokensPerHour > 0 && t.TokensPerHour < m.tokens {
+			hname := "tier " + t.Name
+			if t.Name == principal.PublicTier {
+				hname = "tier public (FAREGATE_IP_HOURLY_TOKENS, unless the policy file sets tiers.public)"
+			}
+			errs = append(errs, fmt.Errorf("%s: tokens_per_hour %d can never hold one run: %s; want at least %d",
+				hname, t.TokensPerHour, m.what(), m.tokens))
+		}
 		if t.TokensPerMinute > 0 && !bucketHolds(t.TokensPerMinute, m.tokens) {
 			errs = append(errs, fmt.Errorf("%s: tokens_per_minute %d can never hold one run (a bucket holds twice its rate): %s; want at least %d",
 				name, t.TokensPerMinute, m.what(), minRate(m.tokens)))
@@ -140,7 +148,8 @@ func mergedPrices(env budget.Prices, p *policy.Policy) budget.Prices {
 		out[name] = pr
 	}
 	for name, pr := range p.Prices() {
-		out[name] = budget.Price{InputMicroPerMTok: pr.InputMicroPerMTok, OutputMicroPerMTok: pr.OutputMicroPerMTok}
+		out[name] = budget.Price{InputMicroPerMTok: pr.InputMicroPerMTok, OutputMicroPerMTok: pr.OutputMicroPerMTok,
+			CacheWriteMicroPerMTok: pr.CacheWriteMicroPerMTok, CacheReadMicroPerMTok: pr.CacheReadMicroPerMTok}
 	}
 	return out
 }
@@ -149,7 +158,7 @@ func mergedPrices(env budget.Prices, p *policy.Policy) budget.Prices {
 // built-in planner, whose fixed first-call reservation stands): the
 // estimated prompt of the visitor's request, as a user message on the
 // primary model, plus FAREGATE_LLM_MAX_TOKENS, in tokens and in money.
-func externalMinRun(cfg *config, b *budget.Budget, models *agent.Models) func(task.Request) (int64, int64) {
+func externalMinRun(cfg *config, b *budget.Budget, models *govern.Models) func(task.Request) (int64, int64) {
 	if cfg.AgentURL == "" {
 		return nil
 	}

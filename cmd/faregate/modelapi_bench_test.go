@@ -3,7 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,10 +21,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/agent"
-	"faregate/agent/chat"
+	"faregate/agent/govern"
 	"faregate/protect/budget"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // The speed targets of the model endpoint (issue 21), each compared in
@@ -193,6 +192,13 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 	b.Run("endpoint", func(b *testing.B) {
 		added(b, run32(b, rdb, httpCall(speedClient(), rig.endpoint.URL+path, rig.key, endpointBody, false)))
 	})
+	// The same endpoint with the budget's day scopes in leased blocks
+	// (FAREGATE_BUDGET_LEASE_CALLS=64): its reserve and settle each one
+	// script in the principal's slot.
+	b.Run("endpoint-leased", func(b *testing.B) {
+		leased := newEndpointRigWith(b, redis.NewClient(rdb.Options()), answerJSON, 64, nil, budget.LeaseOptions{Calls: budget.DefaultLeaseCalls})
+		added(b, run32(b, rdb, httpCall(speedClient(), leased.endpoint.URL+path, leased.key, endpointBody, false)))
+	})
 	// The same endpoint on a client without redisbatch's hook: each
 	// command of a round trip on a connection of its own (the cost the
 	// hook saves).
@@ -221,29 +227,38 @@ func BenchmarkGovernedEndpoint(b *testing.B) {
 	// trips; no bucket, pacing, call limit or step). What this costs the
 	// two cores besides the upstream is the least any design that asks
 	// Redis on every call can spend.
-	b.Run("budget-only", func(b *testing.B) {
-		gov := agent.NewGovernor(agent.Config{MaxSteps: 8, MaxTokens: 1000}, agent.Deps{
-			Models: &agent.Models{Primary: agent.Model{Name: endpointModel}},
-			Budget: budget.New(rdb, budget.Options{Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}}),
-			Ledger: budget.NewLedger(rdb, time.Now),
-		})
-		spec := rig.spec
-		spec.Principal.TokensPerMinute = 0
-		up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
-		added(b, run32(b, rdb, governedCall(gov, spec, up)))
-	})
+	budgetOnly := func(lease budget.LeaseOptions) func(b *testing.B) {
+		return func(b *testing.B) {
+			bud := budget.New(rdb, budget.Options{Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}, Lease: lease})
+			b.Cleanup(func() { _ = bud.Close(context.Background()) })
+			gov := govern.New(govern.Config{MaxTokens: 1000}, govern.Deps{
+				Models: &govern.Models{Primary: govern.Model{Name: endpointModel}},
+				Budget: bud,
+				Ledger: budget.NewLedger(rdb, time.Now),
+			})
+			spec := rig.spec
+			spec.Principal.TokensPerMinute = 0
+			up := httpCall(speedClient(), rig.upstream.URL+path, "", endpointBody, false)
+			added(b, run32(b, rdb, governedCall(gov, spec, up)))
+		}
+	}
+	b.Run("budget-only", budgetOnly(budget.LeaseOptions{}))
+	// The same with the day scopes in leased blocks: the reserve and the
+	// settle each one script in the principal's slot, and the settles of
+	// concurrent calls share a script (group commit).
+	b.Run("budget-only-leased", budgetOnly(budget.LeaseOptions{Calls: budget.DefaultLeaseCalls}))
 }
 
 // governedCall times one governed call of spec whose attempt calls up,
 // as the built-in planner's call would, reporting what the upstream sent.
-func governedCall(gov *agent.Governor, spec agent.Spec, up func() (time.Duration, error)) func() (time.Duration, error) {
+func governedCall(gov *govern.Governor, spec govern.Spec, up func() (time.Duration, error)) func() (time.Duration, error) {
 	return func() (time.Duration, error) {
 		t0 := time.Now()
-		_, err := gov.Call(context.Background(), spec, func(context.Context, agent.Attempt) (agent.Outcome, error) {
+		_, err := gov.Call(context.Background(), spec, func(context.Context, govern.Attempt) (govern.Outcome, error) {
 			if _, err := up(); err != nil {
-				return agent.Outcome{}, err
+				return govern.Outcome{}, err
 			}
-			return agent.Outcome{Usage: chat.Usage{PromptTokens: 20, CompletionTokens: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
+			return govern.Outcome{Usage: govern.Usage{Prompt: 20, Completion: 10, Reported: true}, Counted: 10, FirstToken: true}, nil
 		})
 		return time.Since(t0), err
 	}
@@ -257,7 +272,7 @@ func governedCall(gov *agent.Governor, spec agent.Spec, up func() (time.Duration
 // checks) rather than the queueing that 32 instant answers make.
 func BenchmarkGovernedEndpointThinking(b *testing.B) {
 	thinking := func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(20 * time.Millisecond)
+		clocktest.Pass(20 * time.Millisecond) // a model thinking
 		answerJSON(w, r)
 	}
 	rig, _, rdb := speedRig(b, thinking, 64)

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/redisbatch"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/redisbatch"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // heldUpstream is a model provider in memory: each call's answer streams
@@ -43,10 +43,10 @@ func (u *heldUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 type heldBody struct {
-	u         *heldUpstream
-	ctx       context.Context
-	rest      string
-	held, end bool
+	u    *heldUpstream
+	ctx  context.Context
+	rest string
+	held bool
 }
 
 func (b *heldBody) Read(p []byte) (int, error) {

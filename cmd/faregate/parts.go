@@ -15,15 +15,16 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"faregate/agent"
+	"faregate/agent/alert"
+	"faregate/agent/govern"
 	"faregate/agent/guide"
+	"faregate/agent/plancache"
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/api"
 	"faregate/protect/aitf"
-	"faregate/protect/alert"
 	"faregate/protect/budget"
 	"faregate/protect/clientip"
-	"faregate/protect/plancache"
 	"faregate/protect/policy"
 	"faregate/protect/principal"
 	"faregate/protect/quota"
@@ -62,6 +63,8 @@ type operations struct {
 	registry *prometheus.Registry
 	alerts   *alert.Notifier
 	close    func()
+	// windows is the clock of the per-principal windows (windowclock.go).
+	windows func() time.Time
 }
 
 func newOperations(cfg *config, lg *slog.Logger, st *storage) *operations {
@@ -77,7 +80,7 @@ func newOperations(cfg *config, lg *slog.Logger, st *storage) *operations {
 // task quota, the token and money budget, the ledger, the rate limiter,
 // the workflow that makes the calls, and the size of one minimal run.
 type spending struct {
-	models   *agent.Models
+	models   *govern.Models
 	quota    *quota.Quota
 	budget   *budget.Budget
 	ledger   *budget.Ledger
@@ -93,6 +96,10 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 	}
 	rdb := st.redis.main
 	sp := &spending{models: models, quota: quota.New(rdb, nil).Pipelined(st.redis.admissions)}
+	// The ledger's shape (export groups, FAREGATE_LEDGER_MAX_ENTRIES) goes
+	// into every settle's entry, its events to the operator's alerts.
+	sp.ledger = budget.OpenLedger(rdb, budget.LedgerOptions{MaxEntries: cfg.LedgerMaxEntries,
+		Watch: ledgerAlerts(ops.alerts.Notify), Registerer: ops.registry})
 	// Priced from FAREGATE_MODEL_PRICES until the policy is loaded
 	// (newPolicies), which sets the policy file's prices over them, at
 	// start and on every reload.
@@ -102,11 +109,12 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 		// A reservation outlives the longest call it can cover, then is given back.
 		ReservationTTL: cfg.AgentTimeout + cfg.LLMTimeout + time.Minute,
 		MaxCallTokens:  cfg.LLMMaxCallTokens,
+		Lease:          budget.LeaseOptions{Calls: cfg.BudgetLeaseCalls},
 		Registerer:     ops.registry,
+		Ledger:         sp.ledger,
 	})
-	sp.ledger = budget.NewLedger(rdb, nil)
 	ops.registry.MustRegister(sp.ledger)
-	sp.limiter = ratelimit.New(rdb, ratelimit.Options{Registerer: ops.registry})
+	sp.limiter = ratelimit.New(rdb, ratelimit.Options{Registerer: ops.registry, Now: ops.windows})
 	sp.workflow = agent.NewWorkflow(agent.Config{
 		MaxSteps: cfg.AgentMaxSteps, MaxToolCalls: cfg.AgentMaxToolCalls, Timeout: cfg.AgentTimeout,
 		MaxTokens: cfg.LLMMaxTokens, LoopThreshold: cfg.LoopThreshold,
@@ -137,7 +145,8 @@ func newSpending(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *stor
 func newPolicies(cfg *config, lg *slog.Logger, hup <-chan struct{}, ops *operations, sp *spending) (*policy.Store, error) {
 	tooSmall := sp.minimal.checkEnv(cfg)
 	public := principal.Tier{Name: principal.PublicTier, TasksPerDay: cfg.IPDailyLimit, TokensPerDay: cfg.IPDailyTokens,
-		RequestsPerMinute: cfg.RequestsPerMinute, MaxSiteShare: 1}
+		RequestsPerMinute: cfg.RequestsPerMinute, RequestsPerSecond: cfg.RequestsPerSecond, MaxSiteShare: 1,
+		TokensPerHour: cfg.IPHourlyTokens, SoftAt: cfg.SoftAt, SoftRequestsPerMinute: cfg.SoftRequestsPerMinute}
 	store, err := policy.NewStore(policy.Options{
 		Path: cfg.PolicyFile, Defaults: public, Reload: hup, Logger: lg, Registerer: ops.registry,
 		Check: func(p *policy.Policy) error { return sp.minimal.checkPolicy(cfg, p) },
@@ -171,16 +180,18 @@ type runs struct {
 // executor (remote.go).
 func newRuns(cfg *config, lg *slog.Logger, tp trace.TracerProvider, st *storage, ops *operations, sp *spending, exec agent.Executor) *runs {
 	rcs, reg := st.redis, ops.registry
-	rn := &runs{store: taskstore.New(rcs.main)}
+	// The workers' blocking wait for the next task holds a connection of
+	// the queue's pool, never one of the gate's.
+	rn := &runs{store: taskstore.New(rcs.main).WithWaits(rcs.queue)}
 	// Followers read the task's record through the readers' pool as well:
 	// a thousand followers arriving at once must not queue on the gate's.
 	rn.hub = taskstore.NewHub(taskstore.New(rcs.streams), rcs.streams, taskstore.HubOptions{Logger: lg, Registerer: reg})
 	rn.cache = plancache.New(rcs.main, plancache.Options{TTL: cfg.PlanCacheTTL, Registerer: reg})
 	bud := sp.budget
 	rn.runner = agent.NewRunner(rn.store, exec, agent.RunnerOptions{
-		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout, Queue: rcs.queue,
+		Concurrency: cfg.AgentConcurrency, Lease: cfg.TaskLease, Timeout: cfg.AgentTimeout,
 		Release: func(ctx context.Context, rec task.Record) error {
-			_, err := bud.ReleaseTask(ctx, rec.Day, rec.ID)
+			_, err := bud.ReleaseTask(ctx, rec.Day, rec.Principal, rec.ID)
 			return err
 		},
 		Succeeded: cachePlans(rn.cache, cfg.cacheMode, lg),
@@ -259,14 +270,16 @@ func newFront(cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerPro
 		},
 		Limits: api.Limits{
 			GlobalDailyTasks: cfg.GlobalDailyLimit, SiteDailyTokens: cfg.DailyTokenBudget, DailySpendMicro: cfg.spendMicro,
-			FailedChecksPerHour: cfg.FailedChecksPerHour,
+			FailedChecksPerHour: cfg.FailedChecksPerHour, InvalidRatio: cfg.InvalidRatio, InvalidMinRequests: cfg.InvalidMinRequests,
 			StreamsPerPrincipal: cfg.StreamsPerVisitor, StreamsMax: cfg.StreamsMax, StreamMaxDuration: cfg.StreamMaxDuration,
 			QueueMax: cfg.QueueMax, SummaryInterval: cfg.LogSummaryInterval,
 			RequestTimeout: requestTimeout,
 		},
 		Registry: ops.registry, Metrics: cfg.MetricsAddr == "",
-		V1:     v1,
-		Tracer: tracerFor(tp, "faregate/api"),
+		V1:        v1,
+		Tracer:    tracerFor(tp, "faregate/api"),
+		Alert:     notify,
+		WindowNow: ops.windows,
 	}), nil
 }
 
@@ -278,5 +291,5 @@ func newFront(cfg *config, lg *slog.Logger, stdout io.Writer, tp trace.TracerPro
 // with FAREGATE_REDIS_TIMEOUT=20s, 45 of 115 settles of the exactness
 // test gave up at a fixed 5 s.
 func settleTimeout(redis time.Duration) time.Duration {
-	return max(agent.DefaultSettleTimeout, 3*(2*redis+time.Second))
+	return max(govern.DefaultSettleTimeout, 3*(2*redis+time.Second))
 }

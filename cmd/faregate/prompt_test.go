@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"faregate/protect/plancache"
+	"faregate/agent/plancache"
 )
 
 // TestTaskInputConfig (#21 item 6): FAREGATE_TASK_INPUT defaults to trip

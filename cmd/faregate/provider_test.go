@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // hostileLLM answers every chat request with an itinerary and the usage

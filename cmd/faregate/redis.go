@@ -14,8 +14,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"faregate/protect/kit/redisbatch"
 	"faregate/protect/quota"
-	"faregate/protect/redisbatch"
 )
 
 // redisClients are the connection pools to the one Redis (or cluster).
@@ -119,26 +119,7 @@ func newRedis(url string, cluster bool, o redisOptions) (redis.UniversalClient, 
 	if o.timeout <= 0 {
 		o.timeout = 2 * time.Second
 	}
-	if cluster {
-		opt, err := redis.ParseClusterURL(url)
-		if err != nil {
-			return nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
-		}
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = o.timeout, o.timeout, o.timeout, o.timeout+time.Second
-		if o.pool > 0 {
-			opt.PoolSize = o.pool
-		}
-		if o.retries != 0 {
-			opt.MaxRetries = o.retries
-		}
-		cc := redis.NewClusterClient(opt)
-		// First: the governed call's round trips go as one pipeline per
-		// node (protect/redisbatch).
-		cc.AddHook(redisbatch.New(cc))
-		cc.AddHook(newReloadHook(cc))
-		return cc, nil
-	}
-	opt, err := redis.ParseURL(url)
+	opt, err := urlOptions(url, cluster)
 	if err != nil {
 		return nil, fmt.Errorf("FAREGATE_REDIS_URL: %w", err)
 	}
@@ -149,9 +130,55 @@ func newRedis(url string, cluster bool, o redisOptions) (redis.UniversalClient, 
 	if o.retries != 0 {
 		opt.MaxRetries = o.retries
 	}
-	c := redis.NewClient(opt)
-	c.AddHook(redisbatch.New(c)) // a governed call's round trip in one write
-	return c, nil
+	rc := redis.NewUniversalClient(opt)
+	// First: a governed call's round trips go as one write (one pipeline
+	// per node on a cluster: protect/kit/redisbatch).
+	rc.AddHook(redisbatch.New(rc))
+	if cc, ok := rc.(*redis.ClusterClient); ok {
+		cc.AddHook(newReloadHook(cc))
+	}
+	return rc, nil
+}
+
+// urlOptions reads url with go-redis's parser for the mode (a cluster's
+// takes further nodes as ?addr=) into the one options value both modes are
+// built from: what a URL can say (nodes, credentials, database, TLS and
+// go-redis's query parameters). IsClusterMode makes NewUniversalClient
+// build a cluster client even from a single seed node.
+func urlOptions(url string, cluster bool) (*redis.UniversalOptions, error) {
+	if cluster {
+		c, err := redis.ParseClusterURL(url)
+		if err != nil {
+			return nil, err
+		}
+		return &redis.UniversalOptions{IsClusterMode: true, Addrs: c.Addrs,
+			ClientName: c.ClientName, Protocol: c.Protocol, Username: c.Username, Password: c.Password, TLSConfig: c.TLSConfig,
+			MaxRetries: c.MaxRetries, MinRetryBackoff: c.MinRetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
+			DialTimeout: c.DialTimeout, DialerRetries: c.DialerRetries, DialerRetryTimeout: c.DialerRetryTimeout,
+			ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
+			PoolFIFO: c.PoolFIFO, PoolSize: c.PoolSize, MaxConcurrentDials: c.MaxConcurrentDials, PoolTimeout: c.PoolTimeout,
+			MinIdleConns: c.MinIdleConns, MaxIdleConns: c.MaxIdleConns, MaxActiveConns: c.MaxActiveConns,
+			PipelinePoolSize: c.PipelinePoolSize, PipelineReadBufferSize: c.PipelineReadBufferSize, PipelineWriteBufferSize: c.PipelineWriteBufferSize,
+			ConnMaxIdleTime: c.ConnMaxIdleTime, ConnMaxLifetime: c.ConnMaxLifetime, ConnMaxLifetimeJitter: c.ConnMaxLifetimeJitter,
+			MaxRedirects: c.MaxRedirects, ReadOnly: c.ReadOnly, RouteByLatency: c.RouteByLatency,
+			RouteByLatencyTolerance: c.RouteByLatencyTolerance, RouteRandomly: c.RouteRandomly,
+			FailingTimeoutSeconds: c.FailingTimeoutSeconds,
+		}, nil
+	}
+	c, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	return &redis.UniversalOptions{Addrs: []string{c.Addr}, DB: c.DB,
+		ClientName: c.ClientName, Protocol: c.Protocol, Username: c.Username, Password: c.Password, TLSConfig: c.TLSConfig,
+		MaxRetries: c.MaxRetries, MinRetryBackoff: c.MinRetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
+		DialTimeout: c.DialTimeout, DialerRetries: c.DialerRetries, DialerRetryTimeout: c.DialerRetryTimeout,
+		ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
+		PoolFIFO: c.PoolFIFO, PoolSize: c.PoolSize, MaxConcurrentDials: c.MaxConcurrentDials, PoolTimeout: c.PoolTimeout,
+		MinIdleConns: c.MinIdleConns, MaxIdleConns: c.MaxIdleConns, MaxActiveConns: c.MaxActiveConns,
+		PipelinePoolSize: c.PipelinePoolSize, PipelineReadBufferSize: c.PipelineReadBufferSize, PipelineWriteBufferSize: c.PipelineWriteBufferSize,
+		ConnMaxIdleTime: c.ConnMaxIdleTime, ConnMaxLifetime: c.ConnMaxLifetime, ConnMaxLifetimeJitter: c.ConnMaxLifetimeJitter,
+	}, nil
 }
 
 // reloadHook makes a cluster client notice a failover in seconds. go-redis

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // Policy reloads that must take effect on the very next request (issue 19,

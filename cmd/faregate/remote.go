@@ -13,9 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"faregate/agent"
+	"faregate/agent/govern"
 	"faregate/agent/outbound"
 	"faregate/agent/remote"
 	"faregate/agent/taskkey"
+	"faregate/agent/tasklimits"
+	"faregate/agent/taskstore"
 	"faregate/agent/tools"
 	"faregate/api"
 )
@@ -34,21 +37,36 @@ func (c *callbackURL) get() string {
 func (c *callbackURL) set(s string) { c.v.Store(&s) }
 
 // externalAgent is what FAREGATE_AGENT_URL adds: the executor that
-// delivers tasks, and the /v1 surface the agent calls back.
+// delivers tasks, and the /v1 surface the agent calls back, with the
+// task's limits every replica shares.
 type externalAgent struct {
 	exec     *remote.Executor
 	keys     *taskkey.Keys
+	limits   *tasklimits.Store
 	v1       *api.V1
 	callback *callbackURL
 }
 
+// maxEvents is how many progress events one task may post.
+const maxEvents = 200
+
+// taskLimits are an external task's limits, one table for all of them
+// (the manual's "Per-task limits").
+func taskLimits(cfg *config) tasklimits.Limits {
+	return tasklimits.Limits{
+		Calls: int64(cfg.AgentMaxCalls), Embeddings: int64(cfg.AgentMaxEmbeddingCalls),
+		Parallel: int64(cfg.AgentMaxParallel), Tools: int64(cfg.AgentMaxToolCalls), Events: maxEvents,
+	}
+}
+
 // buildExternalAgent wires FAREGATE_AGENT_URL, or returns nil with the
 // built-in planner (the plan cache is off with it: configRules).
-func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *agent.Models, lg *slog.Logger) *externalAgent {
+func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *govern.Models, lg *slog.Logger) *externalAgent {
 	if cfg.AgentURL == "" {
 		return nil
 	}
-	keys := taskkey.New(rdb, taskkey.Options{CheckTimeout: cfg.RedisTimeout, MaxEvents: 200, MaxTools: int64(cfg.AgentMaxToolCalls), NoTools: cfg.AgentMaxToolCalls == 0})
+	keys := taskkey.New(rdb, taskkey.Options{CheckTimeout: cfg.RedisTimeout})
+	limits := tasklimits.New(rdb, tasklimits.Options{Limits: taskLimits(cfg), Logger: lg})
 	cb := &callbackURL{}
 	if cfg.AgentCallbackURL != "" {
 		cb.set(cfg.AgentCallbackURL)
@@ -56,15 +74,15 @@ func buildExternalAgent(cfg *config, rdb, queue redis.UniversalClient, models *a
 	exec := remote.New(remote.Options{
 		URL: cfg.AgentURL, Secret: cfg.AgentSecret, Callback: cb.get,
 		Model: models.Primary.Name, EmbeddingModel: cfg.EmbeddingModel,
-		Keys: keys, Inbox: queue, UserAgent: "faregate/" + versionString(), Logger: lg,
+		Keys: keys, Inbox: taskstore.New(rdb).WithWaits(queue), UserAgent: "faregate/" + versionString(), Logger: lg,
 	})
 	// The same construction as fetch_page's: an outbound transport on
 	// SafeTransport (public addresses only, honest identity, capped
 	// retries), with a session per task for its once-per-task answers.
 	pages := outbound.New(outbound.Options{Version: versionString(), PublicURL: cfg.PublicURL, Logger: lg,
 		Base: tools.SafeTransport(tools.Policy{})})
-	return &externalAgent{exec: exec, keys: keys, callback: cb, v1: &api.V1{
-		Keys: keys, Fetch: &v1Fetcher{pages: pages, sessions: map[string]*fetchSession{}, now: time.Now},
+	return &externalAgent{exec: exec, keys: keys, limits: limits, callback: cb, v1: &api.V1{
+		Keys: keys, Limits: limits, Fetch: &v1Fetcher{pages: pages, sessions: map[string]*fetchSession{}, now: time.Now},
 		MaxBody: cfg.V1MaxBody, MaxFetchBytes: tools.MaxPageBytes,
 		// A dead holder's task ends worker_lost within 4/3 of the lease.
 		ResultWait: 2*cfg.TaskLease + 5*time.Second,

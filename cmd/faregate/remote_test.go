@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"faregate/agent/task"
-	"faregate/protect/clocktest"
 	"faregate/protect/codes"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // The external agent (issue #21) end to end: two replicas through run on
@@ -46,6 +46,11 @@ type delivery struct {
 			Model          string `json:"model"`
 			EmbeddingModel string `json:"embedding_model"`
 		} `json:"openai"`
+		Anthropic struct {
+			BaseURL string `json:"base_url"`
+			APIKey  string `json:"api_key"`
+			Model   string `json:"model"`
+		} `json:"anthropic"`
 		Tools struct {
 			FetchURL string `json:"fetch_url"`
 		} `json:"tools"`
@@ -248,16 +253,45 @@ func agentEnv(redisURL, agentURL string, extra map[string]string) map[string]str
 	return env
 }
 
-// keyRefused checks that key is refused (401, OpenAI shape) on every base
-// for task id's events.
+// keyRefused checks that key is refused as no key at all (401, OpenAI
+// shape) on every base for task id's events.
 func keyRefused(t *testing.T, key, id string, bases ...string) {
 	t.Helper()
+	keyAnswered(t, key, id, 401, "invalid_api_key", "authentication_error", bases...)
+}
+
+// keyEnded checks that key is answered as the key of a task that has ended
+// (409 task_finished, OpenAI shape) on every base, for every /v1 request
+// it may make: an event, a fetch, a model call, the model list, a result.
+func keyEnded(t *testing.T, key, id string, bases ...string) {
+	t.Helper()
+	keyAnswered(t, key, id, 409, "task_finished", "invalid_request_error", bases...)
+}
+
+func keyAnswered(t *testing.T, key, id string, status int, code, typ string, bases ...string) {
+	t.Helper()
+	reqs := []struct{ method, path, body string }{
+		{"POST", "/v1/tasks/" + id + "/events", `{"name":"late","status":"started"}`},
+		{"POST", "/v1/tasks/" + id + "/result", `{"result":{"text":"late"}}`},
+		{"POST", "/v1/tools/fetch", `{"url":"https://example.org/"}`},
+		{"POST", "/v1/chat/completions", `{"model":"gpt-3.5-turbo","messages":[{"role":"user","content":"hi"}]}`},
+		{"GET", "/v1/models", ""},
+	}
+	// The task has ended when this is called: a replica may still answer
+	// from its memory of the key for at most a second.
+	deadline := time.Now().Add(time.Second)
 	for _, b := range bases {
-		r := do(t, "POST", b+"/v1/tasks/"+id+"/events", `{"name":"late","status":"started"}`,
-			map[string]string{"Authorization": "Bearer " + key})
-		e, _ := r.Body["error"].(map[string]any)
-		if r.Status != 401 || e["code"] != "invalid_api_key" || e["type"] != "authentication_error" {
-			t.Fatalf("key after the task on %s: %d %s, want 401 invalid_api_key authentication_error", b, r.Status, r.Raw)
+		for _, q := range reqs {
+			var r reply
+			var e map[string]any
+			answered := func() bool {
+				r = do(t, q.method, b+q.path, q.body, map[string]string{"Authorization": "Bearer " + key})
+				e, _ = r.Body["error"].(map[string]any)
+				return r.Status == status && e["code"] == code && e["type"] == typ
+			}
+			if !clocktest.Poll(time.Until(deadline), answered) {
+				t.Fatalf("key after the task on %s %s: %d %s, want %d %s %s", b, q.path, r.Status, r.Raw, status, code, typ)
+			}
 		}
 	}
 }
@@ -272,7 +306,7 @@ func createTrip(t *testing.T, base, dest string) string {
 	return r.Body["id"].(string)
 }
 
-// TestExternalAgent: deliveries are signed and shaped as the contract
+// TestExternalAgent: deliveries are signed and shaped as the manual
 // says; a result comes back as a 200 or as a 202 and a POST to the other
 // replica; the agent's progress reaches a follower on the other replica
 // in order; each way an agent can fail ends the task with its code and
@@ -282,7 +316,9 @@ func TestExternalAgent(t *testing.T) {
 	redistest.Require(t)
 	rs := redistest.Start(t)
 	agent := newFakeAgent(t)
-	env := agentEnv(rs.URL(), agent.srv.URL, nil)
+	// Five tasks created and followed at once, on two replicas sharing the
+	// one address's windows.
+	env := agentEnv(rs.URL(), agent.srv.URL, map[string]string{"FAREGATE_REQUESTS_PER_SECOND": "0"})
 	a := startServer(t, env)
 	b := startServer(t, env)
 	agent.replicas = []string{a.URL, b.URL}
@@ -335,7 +371,7 @@ func TestExternalAgent(t *testing.T) {
 		if len(stored) != 2 {
 			t.Fatalf("task steps %v, want the two agent steps", stored)
 		}
-		keyRefused(t, d.Body.OpenAI.APIKey, id, a.URL, b.URL)
+		keyEnded(t, d.Body.OpenAI.APIKey, id, a.URL, b.URL)
 		// The key never creates tasks.
 		for _, base := range []string{a.URL, b.URL} {
 			r := do(t, "POST", base+"/api/tasks", taskBody("ok"), map[string]string{"Authorization": "Bearer " + d.Body.OpenAI.APIKey})
@@ -366,7 +402,7 @@ func TestExternalAgent(t *testing.T) {
 			t.Fatalf("result %v", res)
 		}
 		d := agent.delivered("accept")[0]
-		keyRefused(t, d.Body.OpenAI.APIKey, id, a.URL, b.URL)
+		keyEnded(t, d.Body.OpenAI.APIKey, id, a.URL, b.URL)
 	})
 
 	t.Run("tool and event limits", func(t *testing.T) {
@@ -415,9 +451,9 @@ func TestExternalAgent(t *testing.T) {
 		cases := []struct{ dest, code string }{
 			{"status500", codes.AgentFailed},
 			{"invalid", codes.AgentFailed},
-			{"hang", task.CodeAgentUnreachable},
-			{"silent", task.CodeAgentTimeout},
-			{"reset", task.CodeAgentUnreachable},
+			{"hang", codes.AgentUnreachable},
+			{"silent", codes.AgentTimeout},
+			{"reset", codes.AgentUnreachable},
 		}
 		ids := map[string]string{}
 		followers := map[string]*follower{}
@@ -434,7 +470,7 @@ func TestExternalAgent(t *testing.T) {
 			if len(ds) != 1 {
 				t.Fatalf("%s: %d deliveries, want 1", c.dest, len(ds))
 			}
-			keyRefused(t, ds[0].Body.OpenAI.APIKey, id, a.URL, b.URL)
+			keyEnded(t, ds[0].Body.OpenAI.APIKey, id, a.URL, b.URL)
 		}
 	})
 
@@ -458,8 +494,8 @@ func TestExternalAgent(t *testing.T) {
 	})
 }
 
-// checkDelivery checks one delivery against the contract: signed with the
-// secret, exactly the contract's fields, the trip request, URLs on the
+// checkDelivery checks one delivery against the manual: signed with the
+// secret, exactly the documented fields, the trip request, URLs on the
 // delivering replica, a task key, a deadline FAREGATE_AGENT_TIMEOUT after
 // it was sent.
 func checkDelivery(t *testing.T, d delivery, id string, replicas []string) {
@@ -478,7 +514,7 @@ func checkDelivery(t *testing.T, d delivery, id string, replicas []string) {
 			}
 		}
 	})
-	if !slices.Equal(keys, []string{"events_url", "openai", "result_url", "task", "tools"}) {
+	if !slices.Equal(keys, []string{"anthropic", "events_url", "openai", "result_url", "task", "tools"}) {
 		t.Fatalf("delivery fields %v", keys)
 	}
 	b := d.Body
@@ -500,7 +536,8 @@ func checkDelivery(t *testing.T, d delivery, id string, replicas []string) {
 		}
 	}
 	if base == "" || b.Tools.FetchURL != base+"/v1/tools/fetch" || b.EventsURL != base+"/v1/tasks/"+id+"/events" ||
-		b.ResultURL != base+"/v1/tasks/"+id+"/result" {
+		b.ResultURL != base+"/v1/tasks/"+id+"/result" || b.Anthropic.BaseURL != base || b.Anthropic.APIKey != b.OpenAI.APIKey ||
+		b.Anthropic.Model != b.OpenAI.Model {
 		t.Fatalf("URLs %+v", b)
 	}
 	if !strings.HasPrefix(b.OpenAI.APIKey, "fgt_") || len(b.OpenAI.APIKey) < 4+32 || b.OpenAI.Model == "" {
@@ -522,7 +559,7 @@ func TestExternalAgentUnreachable(t *testing.T) {
 	if !ok {
 		t.Fatalf("task %v", got)
 	}
-	if e, _ := got["error"].(map[string]any); e["code"] != task.CodeAgentUnreachable {
+	if e, _ := got["error"].(map[string]any); e["code"] != codes.AgentUnreachable {
 		t.Fatalf("error %v, want agent_unreachable", got["error"])
 	}
 	waitLog(t, s.Out, 5*time.Second, "agent unreachable", `"attempts":3`)
@@ -578,9 +615,9 @@ func TestExternalAgentKilledReplica(t *testing.T) {
 	if _, has := got["result"]; has {
 		t.Fatalf("a result was stored for the lost task: %v", got["result"])
 	}
-	keyRefused(t, d.Body.OpenAI.APIKey, id, b.URL)
-	if st, _ := agent.post(b.URL, d.Body.ResultURL, d.Body.OpenAI.APIKey, `{"result":{"text":"later still"}}`); st != 401 {
-		t.Fatalf("result after worker_lost: %d, want 401", st)
+	keyEnded(t, d.Body.OpenAI.APIKey, id, b.URL)
+	if st, _ := agent.post(b.URL, d.Body.ResultURL, d.Body.OpenAI.APIKey, `{"result":{"text":"later still"}}`); st != 409 {
+		t.Fatalf("result after worker_lost: %d, want 409", st)
 	}
 	final, _ := pollTask(t, b.URL, id, time.Second, statusIs("failed"))
 	if _, has := final["result"]; has || final["status"] != "failed" {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // Helpers for the fault tests: faregate as a child process the test may
@@ -290,7 +290,8 @@ func containsAll(s string, parts []string) bool {
 func pollTask(t *testing.T, base, id string, d time.Duration, cond func(task map[string]any) bool) (map[string]any, bool) {
 	t.Helper()
 	var last map[string]any
-	held := clocktest.Poll(d, func() bool {
+	// Politely, as waitTask: the looks count in the visitor's windows.
+	held := clocktest.PollAt(d, 250*time.Millisecond, func() bool {
 		r := do(t, "GET", base+"/api/tasks/"+id, "", nil)
 		if r.Status != 200 {
 			return false

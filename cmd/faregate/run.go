@@ -23,15 +23,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"faregate/agent"
+	"faregate/agent/alert"
 	"faregate/agent/chat"
+	"faregate/agent/govern"
+	"faregate/agent/plancache"
 	"faregate/agent/task"
 	"faregate/agent/taskstore"
 	"faregate/agent/tokens"
 	"faregate/api"
-	"faregate/protect/alert"
+	"faregate/protect/budget"
 	"faregate/protect/clientip"
 	"faregate/protect/connlimit"
-	"faregate/protect/plancache"
 	"faregate/protect/policy"
 	"faregate/protect/principal"
 )
@@ -40,6 +42,8 @@ import (
 const usageText = `usage:
   faregate [serve]                                   serve the page and the API (configuration: FAREGATE_* variables, see .env.example)
   faregate usage [-day YYYY-MM-DD] [-by model|principal] [-format table|csv]
+  faregate ledger export [-group billing] [-day YYYY-MM-DD] [-follow]
+                                                     the ledger's unexported entries as JSON Lines, acknowledged once written
   faregate aitf score [FILE]                         score captured bodies or sessions (JSON or NDJSON)
   faregate keys new -id ID -tier TIER                a new API key and its policy line
   faregate health [ADDR]                             exit 0 when /healthz answers (container HEALTHCHECK)
@@ -61,6 +65,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		switch args[1] {
 		case "usage":
 			return runUsage(ctx, args[2:], getenv, stdout)
+		case "ledger":
+			return runLedger(ctx, args[2:], getenv, stdout)
 		case "aitf":
 			return runAITF(args[2:], stdout)
 		case "keys":
@@ -74,7 +80,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			fmt.Fprintln(stdout, usageText)
 			return nil
 		default:
-			return fmt.Errorf("unknown command %q (want serve, usage, aitf, keys, health or version)", args[1])
+			return fmt.Errorf("unknown command %q (want serve, usage, ledger, aitf, keys, health or version)", args[1])
 		}
 	}
 	cfg, err := loadConfig(getenv)
@@ -117,8 +123,11 @@ type app struct {
 	hub      *taskstore.Hub
 	policies *policy.Store
 	alerts   *alert.Notifier
-	hup      chan struct{}
-	closers  []func()
+	ledger   *budget.Ledger
+	// billing exports the ledger to FAREGATE_BILLING_URL (nil: unset).
+	billing *billingFeed
+	hup     chan struct{}
+	closers []func()
 	// callback is set once faregate listens (external agent only).
 	callback *callbackURL
 }
@@ -156,11 +165,21 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	}
 	a.closers = append(a.closers, st.close)
 	ops := newOperations(cfg, lg, st)
+	ops.windows = windowClock(ctx)
 	a.closers = append(a.closers, ops.close)
 	sp, err := newSpending(cfg, lg, tp, st, ops)
 	if err != nil {
 		return nil, err
 	}
+	// Before Redis closes: the budget's leased blocks go back, with what
+	// this replica's calls spent (else they are charged when they expire).
+	a.closers = append(a.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := sp.budget.Close(ctx); err != nil {
+			lg.Warn("budget leases not given back; they are charged what they hold when they expire", "err", err)
+		}
+	})
 	pol, err := newPolicies(cfg, lg, a.hup, ops, sp)
 	if err != nil {
 		return nil, err
@@ -168,7 +187,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 	// With FAREGATE_AGENT_URL the operator's agent runs each task (remote.go).
 	ext := buildExternalAgent(cfg, st.redis.main, st.redis.queue, sp.models, lg)
 	rn := newRuns(cfg, lg, tp, st, ops, sp, ext.executor(sp.workflow))
-	ext.mountModels(cfg, lg, st, sp, rn)
+	ext.mountModels(cfg, lg, sp, rn)
 	srv, err := newFront(cfg, lg, stdout, tp, st, ops, sp, pol, rn, ext.surface())
 	if err != nil {
 		return nil, err
@@ -178,6 +197,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 		srv.ForgetDenials(slices.Contains(p.RaisedTiers(old), principal.PublicTier), p.RaisedKeys(old))
 	})
 	a.server, a.registry, a.alerts, a.policies, a.runner, a.hub = srv, ops.registry, ops.alerts, pol, rn.runner, rn.hub
+	a.ledger, a.billing = sp.ledger, newBillingFeed(cfg, lg, sp.ledger, rn.runner.Consumer())
 	a.callback = ext.callbackURL()
 	return a, nil
 }
@@ -185,7 +205,7 @@ func build(ctx context.Context, cfg *config, lg *slog.Logger, stdout io.Writer, 
 // estimator counts a call's prompt with the model's own tokenizer when its
 // encoding is known, else with a conservative bound. Encodings load at
 // start-up, so the first call does not pay for it.
-func estimator(models *agent.Models) func(string, []chat.Message, []chat.ToolDef) int64 {
+func estimator(models *govern.Models) func(string, []chat.Message, []chat.ToolDef) int64 {
 	counters := map[string]tokens.Counter{models.Primary.Name: tokens.ForModel(models.Primary.Name)}
 	if models.Fallback != nil {
 		counters[models.Fallback.Name] = tokens.ForModel(models.Fallback.Name)
@@ -361,10 +381,15 @@ func (a *app) serve(ctx context.Context) error {
 		func(ctx context.Context) { a.server.Run(ctx) },
 		func(ctx context.Context) { _ = a.policies.Run(ctx) },
 		func(ctx context.Context) { _ = a.alerts.Run(ctx) },
+		a.ledger.Run,
 		a.forwardSIGHUP,
 	} {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(bg) }()
+	}
+	if a.billing != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.billing.Run(bg) }()
 	}
 	if err := a.runner.Start(ctx); err != nil {
 		return err

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/clocktest"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestGracefulShutdown: on cancel (SIGINT/SIGTERM in main) faregate stops

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestSoakTwoReplicasExactQuota is the heavy version of the exactness test,

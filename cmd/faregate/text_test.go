@@ -103,7 +103,9 @@ func TestPromptRulesSeeThroughDisguises(t *testing.T) {
 	sv := newSiteverify(t)
 	llm := newFakeLLM(t, func(chatRequest, int) fakeReply { return fakeReply{Content: itinerary(2, "")} })
 	s := startServer(t, mergeEnv(sv.env(), map[string]string{"FAREGATE_LLM_BASE_URL": llm.BaseURL(),
-		"FAREGATE_FAILED_CHECKS_PER_HOUR": "1000", "FAREGATE_IP_DAILY_LIMIT": "100"}))
+		"FAREGATE_FAILED_CHECKS_PER_HOUR": "1000", "FAREGATE_IP_DAILY_LIMIT": "100",
+		// A table of disguised prompts back to back, most refused.
+		"FAREGATE_REQUESTS_PER_SECOND": "0", "FAREGATE_INVALID_RATIO": "0"}))
 	body := func(dest string, interests ...string) string {
 		b, _ := json.Marshal(map[string]any{"turnstile_token": "tok", "destination": dest, "days": 2, "interests": interests})
 		return string(b)

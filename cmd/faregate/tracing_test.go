@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"faregate/agent/offline"
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // startTraced is startServer with the spans going to tp, handed to run

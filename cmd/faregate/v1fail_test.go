@@ -20,17 +20,16 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
-	"faregate/agent/task"
-	"faregate/protect/clocktest"
 	"faregate/protect/codes"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // Issue #21's "bad input on every new route" and "failures of the agent",
 // end to end through run on a real redis-server: a scripted upstream
 // (failUpstream) plays the model provider, a scripted agent
 // (failAgentServer) takes the deliveries, and each case checks the
-// contract's code, what the ledger says and that nothing stays reserved.
+// documented code, what the ledger says and that nothing stays reserved.
 
 const failModel = "fail-model"
 
@@ -43,6 +42,10 @@ type failUpstream struct {
 	// ended gets the scenario of a stream whose request context ended
 	// while the upstream was still streaming (the caller hung up).
 	ended chan string
+	// more serves the scenarios of other tests first (true: served).
+	more func(sc string, w http.ResponseWriter, r *http.Request, body []byte) bool
+	// tail holds the "tail" scenario after its first words.
+	tail chan struct{}
 }
 
 type failGot struct {
@@ -51,7 +54,7 @@ type failGot struct {
 }
 
 func newFailUpstream(t *testing.T) *failUpstream {
-	u := &failUpstream{ended: make(chan string, 32)}
+	u := &failUpstream{ended: make(chan string, 32), tail: make(chan struct{})}
 	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(u.srv.Close)
 	return u
@@ -107,6 +110,11 @@ func failScenario(body []byte) string {
 	return word
 }
 
+// failWords are short words a provider's answer is made of: picked in no
+// order, they never read as a loop.
+var failWords = strings.Fields("the and for sun sea red old new hill tram fish wine port view walk park town city bay boat cafe tile lamp rain " +
+	"west east gold blue fig rice soup cake tea jam map bus taxi road step door roof bell song")
+
 // failChunk is a chat.completion.chunk with one delta field set.
 func failChunk(field, text string) string {
 	v, _ := json.Marshal(text)
@@ -158,6 +166,9 @@ func (u *failUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 	}
 	chat := r.URL.Path == "/chat/completions"
+	if u.more != nil && u.more(sc, w, r, body) {
+		return
+	}
 	switch {
 	case r.URL.Path == "/embeddings":
 		_, _ = io.WriteString(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"fail-embed","usage":{"prompt_tokens":3,"total_tokens":3}}`)
@@ -169,6 +180,26 @@ func (u *failUpstream) serve(w http.ResponseWriter, r *http.Request) {
 			u.ended <- sc
 		case <-time.After(time.Minute):
 		}
+	case sc == "tail":
+		// Part of an answer; once released, the rest and the usage,
+		// whether or not the caller is still there.
+		sse("data: "+failChunk("role", "assistant"), "data: "+failChunk("content", "Partial answer so far"))
+		select {
+		case <-u.tail:
+		case <-r.Context().Done():
+			u.ended <- sc
+			return
+		}
+		// At a provider's pace (a second in all): the caller's hang-up
+		// is long known to faregate before the end.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for i := range 200 {
+			<-tick.C
+			sse("data: " + failChunk("content", " "+failWords[(i*7+i*i*3)%len(failWords)]))
+		}
+		sse("data: "+failFinish, `data: {"id":"chatcmpl-f","object":"chat.completion.chunk","created":1,"model":"fail-model","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":610,"total_tokens":622}}`, "data: [DONE]")
+		u.ended <- "tail done"
 	case sc == "nousage" && stream:
 		lines := []string{"data: " + failChunk("role", "assistant")}
 		for _, p := range []string{"The quick", " brown fox", " jumps over", " the lazy dog."} {
@@ -372,12 +403,8 @@ func failPost(t *testing.T, url, key, body string) failAnswer {
 // failLedger is the day's ledger entries whose field is value.
 func failLedger(t *testing.T, rdb *redis.Client, field, value string) []map[string]string {
 	t.Helper()
-	msgs, err := rdb.XRange(context.Background(), "faregate:usage:{"+utcToday()+"}", "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []map[string]string
-	for _, m := range msgs {
+	for _, m := range dayLedger(t, rdb, utcToday()) {
 		if m.Values[field] != value {
 			continue
 		}
@@ -549,6 +576,19 @@ func TestV1BadInput(t *testing.T) {
 			{"conversation", "/responses", resp(`,"conversation":"conv_123"`), "conversation"},
 			{"stored prompt", "/responses", resp(`,"prompt":{"id":"pmpt_1"}`), "prompt"},
 			{"hosted tool (responses)", "/responses", resp(`,"tools":[{"type":"file_search","vector_store_ids":["vs_1"]}]`), "tools[0].type"},
+			// Other servers' output limits and sequence counts, and what
+			// a server expands into the prompt on its side.
+			{"max_new_tokens", "/chat/completions", chat(`,"max_new_tokens":100000`), "max_new_tokens"},
+			{"num_predict", "/chat/completions", chat(`,"num_predict":-1`), "num_predict"},
+			{"options.num_predict", "/chat/completions", chat(`,"options":{"num_predict":-2}`), "options.num_predict"},
+			{"num_return_sequences", "/responses", resp(`,"num_return_sequences":4`), "num_return_sequences"},
+			{"candidate_count", "/chat/completions", chat(`,"candidate_count":8`), "candidate_count"},
+			{"min_tokens", "/chat/completions", chat(`,"min_tokens":5000`), "min_tokens"},
+			{"documents", "/chat/completions", chat(`,"documents":[{"title":"a","text":"` + strings.Repeat("x", 2000) + `"}]`), "documents"},
+			{"chat_template", "/chat/completions", chat(`,"chat_template":"{{ messages }}"`), "chat_template"},
+			{"chat_template_kwargs", "/chat/completions", chat(`,"chat_template_kwargs":{"documents":[]}`), "chat_template_kwargs"},
+			{"add_generation_prompt", "/chat/completions", chat(`,"add_generation_prompt":false`), "add_generation_prompt"},
+			{"continue_final_message", "/chat/completions", chat(`,"continue_final_message":true`), "continue_final_message"},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
@@ -573,7 +613,7 @@ func TestV1BadInput(t *testing.T) {
 	})
 
 	t.Run("stream abandoned half way", func(t *testing.T) {
-		req, _ := http.NewRequest("POST", base+"/chat/completions", strings.NewReader(failChatBody("fail:hold abandon", true, "")))
+		req, _ := http.NewRequest("POST", base+"/chat/completions", strings.NewReader(failChatBody("fail:tail abandon", true, "")))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+key)
 		resp, err := http.DefaultClient.Do(req)
@@ -596,22 +636,19 @@ func TestV1BadInput(t *testing.T) {
 			t.Fatalf("relayed %v", got)
 		}
 		resp.Body.Close() // the client leaves
+		close(up.tail)    // and the provider goes on: it has the prompt
 		select {
 		case sc := <-up.ended:
-			if sc != "hold" {
-				t.Fatalf("ended %q", sc)
+			if sc != "tail done" {
+				t.Fatalf("the upstream's stream ended %q: it was hung up on", sc)
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the upstream request was not cancelled when the client left")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the upstream's stream never ended")
 		}
 		e := failEntry(t, rdb, rid)
-		// What passed ("Partial answer so far" and the role) was counted
-		// and settled, with the prompt; nothing of the hold stays.
-		if c := failInt(t, e, "completion_tokens"); c < 3 || c > 20 || e["estimated"] != "1" || e["outcome"] != codes.OutputTruncated {
-			t.Fatalf("ledger %v: want the passed tokens, estimated, output_truncated", e)
-		}
-		if e["task"] != id || failInt(t, e, "prompt_tokens") < 1 {
-			t.Fatalf("ledger %v", e)
+		// Read on to its usage after the client left, and charged it.
+		if e["outcome"] != "client_closed" || failInt(t, e, "completion_tokens") != 610 || e["estimated"] != "0" || e["task"] != id {
+			t.Fatalf("ledger %v: want the provider's 610 output tokens, client_closed", e)
 		}
 		failNothingHeld(t, rdb, id)
 	})
@@ -666,6 +703,12 @@ func TestV1BadInput(t *testing.T) {
 		if a.status != 200 || !strings.Contains(a.raw, "Half an answer") || strings.Contains(a.raw, `"bro`) ||
 			!strings.Contains(a.raw, `data: {"error":{"code":"model_unavailable"`) || !strings.HasSuffix(a.raw, "data: [DONE]\n\n") {
 			t.Fatalf("stream %d %q", a.status, a.raw)
+		}
+		// The error event is the API's table's envelope (its message, the
+		// request's id), as a refusal before the answer would be.
+		if !strings.Contains(a.raw, `"request_id":"`+a.header.Get("X-Request-Id")+`"`) ||
+			!strings.Contains(a.raw, `"message":"The model provider is unavailable right now. Please try again shortly."`) {
+			t.Fatalf("error event not the table's: %q", a.raw)
 		}
 		e := failEntry(t, rdb, a.header.Get("X-Request-Id"))
 		if c := failInt(t, e, "completion_tokens"); c < 1 || e["estimated"] != "1" || e["outcome"] != "error" {
@@ -808,7 +851,7 @@ func TestV1BadInput(t *testing.T) {
 
 // TestV1AgentFailures: an agent that fails while one of its model streams
 // is open (a 500, an invalid body, no answer past the deadline, a 202 and
-// no result): the contract's task code, the final events on the
+// no result): the documented task code, the final events on the
 // follower's stream, the open stream ended well formed and settled, and no
 // reservation left outstanding. Connection refused (no agent at all) ends
 // agent_unreachable with the same final events.
@@ -822,8 +865,8 @@ func TestV1AgentFailures(t *testing.T) {
 	cases := []struct{ dest, code string }{
 		{"f500", codes.AgentFailed},
 		{"finvalid", codes.AgentFailed},
-		{"fhang", task.CodeAgentUnreachable},
-		{"fsilent", task.CodeAgentTimeout},
+		{"fhang", codes.AgentUnreachable},
+		{"fsilent", codes.AgentTimeout},
 	}
 	ids := map[string]string{}
 	followers := map[string]*follower{}
@@ -844,8 +887,11 @@ func TestV1AgentFailures(t *testing.T) {
 			!strings.Contains(end.body, `"finish_reason":"length"`) || !strings.HasSuffix(end.body, "data: [DONE]\n\n") {
 			t.Fatalf("%s: the open stream ended %d %v %q", c.dest, end.status, end.err, end.body)
 		}
+		// The task's end cut the stream: charged what passed and its
+		// prompt, and the ledger says why.
 		entries := failLedger(t, rdb, "task", id)
-		if len(entries) != 1 || entries[0]["outcome"] != codes.OutputTruncated || failInt(t, entries[0], "completion_tokens") < 1 {
+		if len(entries) != 1 || entries[0]["outcome"] != "task_ended" || failInt(t, entries[0], "completion_tokens") < 1 ||
+			failInt(t, entries[0], "prompt_tokens") < 1 {
 			t.Fatalf("%s: ledger %v, want the cut stream's one entry", c.dest, entries)
 		}
 		settled, outstanding, _ := budgetHash(t, rdb, "task:"+id)
@@ -866,10 +912,10 @@ func TestV1AgentFailures(t *testing.T) {
 	id := createTrip(t, dead.URL, "refused")
 	f := follow(t, dead.URL+"/api/tasks/"+id+"/events")
 	got, ok := pollTask(t, dead.URL, id, 15*time.Second, statusIs("failed"))
-	if e, _ := got["error"].(map[string]any); !ok || e["code"] != task.CodeAgentUnreachable {
+	if e, _ := got["error"].(map[string]any); !ok || e["code"] != codes.AgentUnreachable {
 		t.Fatalf("connection refused: %v, want failed agent_unreachable", got)
 	}
-	assertFinalEvents(t, f.waitEnded(t, 10*time.Second), "failed", task.CodeAgentUnreachable)
+	assertFinalEvents(t, f.waitEnded(t, 10*time.Second), "failed", codes.AgentUnreachable)
 	failNothingHeld(t, rdb, id)
 }
 
@@ -906,7 +952,7 @@ func TestV1InputSpikeAnswered(t *testing.T) {
 	if task["status"] != "failed" || taskError(task) != codes.InputSpike {
 		t.Fatalf("task %v", task)
 	}
-	if a := failPost(t, base+"/chat/completions", key, failChatBody("fail:ok", false, "")); a.status != 401 || a.code != codes.InvalidAPIKey {
-		t.Fatalf("the key after the spike: %d %s", a.status, a.raw)
+	if a := failPost(t, base+"/chat/completions", key, failChatBody("fail:ok", false, "")); a.status != 409 || a.code != codes.TaskFinished {
+		t.Fatalf("the key after the spike: %d %s, want 409 task_finished", a.status, a.raw)
 	}
 }

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"faregate/protect/codes"
 )
 
 // ErrMode is returned by ParseMode for an unknown mode.
@@ -116,8 +114,10 @@ type Options struct {
 	// called after routing (once the handler returned, or inside Admit), so
 	// a chi route pattern is available.
 	Route func(*http.Request) string
-	// Refuse writes the 503 aitf_queue_full response for Delay; default a
-	// plain JSON envelope with Retry-After.
+	// Refuse writes the 503 aitf_queue_full response for Delay: the
+	// integrator's error table words it (faregate's api package passes its
+	// own). Default: a bare 503 with Retry-After and no body, since this
+	// package writes no error envelope of its own.
 	Refuse func(w http.ResponseWriter, r *http.Request, retryAfter time.Duration)
 	// Observed, when set, is called once for each request that scores at
 	// least Threshold in observe mode (one enforce would have delayed),
@@ -176,7 +176,7 @@ func New(o Options) *Guard {
 		o.Route = func(*http.Request) string { return "other" }
 	}
 	if o.Refuse == nil {
-		o.Refuse = refuseJSON
+		o.Refuse = refuseBare
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -312,11 +312,9 @@ func lastSegment(p string) string {
 // QueueDepth returns how many requests wait in the delay queue now.
 func (g *Guard) QueueDepth() int { return g.q.Depth() }
 
-// refuseJSON is the default Refuse: the contract's error envelope.
-func refuseJSON(w http.ResponseWriter, _ *http.Request, retryAfter time.Duration) {
+// refuseBare is the default Refuse: the status and Retry-After, no body.
+func refuseBare(w http.ResponseWriter, _ *http.Request, retryAfter time.Duration) {
 	secs := int((retryAfter + time.Second - 1) / time.Second)
 	w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
-	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusServiceUnavailable)
-	_, _ = io.WriteString(w, `{"error":{"code":"`+codes.AITFQueueFull+`","message":"Too many automated requests are waiting; try again shortly."}}`+"\n")
 }

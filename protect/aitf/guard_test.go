@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"

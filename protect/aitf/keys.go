@@ -450,85 +450,7 @@ func normValue(v value, buf *[normCap]byte) []byte {
 // rules may redirect). It also captures the tool call id.
 func (s *scanner) contribution(k keySpec, parent uint8, v *value) (c float64, id, dim uint8) {
 	id, dim = k.id, k.dim
-	var buf [normCap]byte
 	switch k.rule {
-	case ruleDepth:
-		if v.isNum {
-			c = (v.num - 1) / 2
-		} else if v.kind == vTrue {
-			c = 0.5
-		}
-	case ruleTrue:
-		if v.kind == vTrue {
-			c = 1
-		}
-	case ruleFalse:
-		if v.kind == vFalse {
-			c = 1
-		} else if v.kind == vString && string(normValue(*v, &buf)) == "never" {
-			c = 1
-		}
-	case ruleNever:
-		if v.kind == vString && string(normValue(*v, &buf)) == "never" {
-			c = 1
-		}
-	case ruleAny:
-		switch v.kind {
-		case vTrue, vFalse, vNumber:
-			c = 1
-		default:
-			if v.present() || v.kind == vString {
-				c = 1
-			}
-		}
-	case ruleAgentMode:
-		if v.kind == vString && agentMode(normValue(*v, &buf)) {
-			c = 1
-		}
-	case ruleContext:
-		if v.isNum && v.num > 4096 {
-			c = math.Log2(v.num/4096) / 3
-		}
-	case rulePresent:
-		if v.present() {
-			c = 1
-		}
-	case ruleObject:
-		if (v.kind == vArray || v.kind == vObject) && !v.empty {
-			c = 1
-		}
-	case ruleText:
-		if (v.kind == vString && len(v.raw) > 0) || (v.kind == vArray && !v.empty) {
-			c = 1
-		}
-	case ruleToolID:
-		if v.kind == vString && len(v.raw) > 0 {
-			s.captureToolID(*v)
-			c = 1
-		}
-	case ruleCallID:
-		// A phone call's call_id is not a tool call; OpenAI's and
-		// Anthropic's ids have their own prefixes.
-		if v.kind == vString && len(v.raw) > 0 {
-			c = 0.4
-			if toolIDLike(v.raw) {
-				s.captureToolID(*v)
-				c = 1
-			}
-		}
-	case ruleFunction:
-		switch {
-		case parent == kToolCalls && v.present():
-			c = 1
-		case parent == kTools && v.present():
-			// A tool definition: {"type":"function","function":{…}}.
-			c = 0.8
-		case v.kind == vObject && !v.empty:
-			// A spreadsheet's function object looks the same.
-			c = 0.4
-		case v.kind == vString && len(v.raw) > 0:
-			c = 0.2
-		}
 	case ruleNestedID:
 		// An "id" means nothing by itself; inside tool_calls, or shaped
 		// like one, it is a tool call's identity, which the queue
@@ -541,51 +463,6 @@ func (s *scanner) contribution(k keySpec, parent uint8, v *value) (c float64, id
 		}
 		id, dim, c = idKind(v.raw)
 		return c * k.w, id, dim
-	case ruleTemperature:
-		if v.isNum && v.num >= 0 && v.num <= 2 {
-			c = 1
-		}
-	case ruleUnit:
-		if v.isNum && v.num >= 0 && v.num <= 1 {
-			c = 1
-		}
-	case rulePositive:
-		if v.isNum && v.num > 0 {
-			c = 1
-		}
-	case ruleNumber:
-		if v.isNum {
-			c = 1
-		}
-	case ruleConfidence:
-		if v.isNum && v.num >= 0 && v.num <= 1 {
-			c = 0.3
-			if parent == kMetadata {
-				c = 1
-			}
-		}
-	case ruleModelName:
-		// A car's "model": "Corolla" must not count; only LLM names do.
-		if v.kind == vString && llmModel(normValue(*v, &buf)) {
-			c = 1
-		}
-	case ruleLLM:
-		switch {
-		case v.kind == vString && llmModel(normValue(*v, &buf)):
-			c = 1
-		case v.present():
-			c = 0.6
-		}
-	case ruleChunkSize:
-		switch {
-		case v.isNum && v.num > 0 && v.num <= 32768:
-			c = 1
-		case v.isNum && v.num > 0:
-			// Upload APIs cut files into megabyte chunks.
-			c = 0.2
-		case v.kind == vString && len(v.raw) > 0 && !v.isNum:
-			c = 1
-		}
 	case ruleType:
 		if v.kind != vString {
 			return 0, id, dim
@@ -597,30 +474,156 @@ func (s *scanner) contribution(k keySpec, parent uint8, v *value) (c float64, id
 			// before normalising.
 			return 0, id, dim
 		}
+		var buf [normCap]byte
 		id, dim, c = typeKind(normValue(*v, &buf))
 		return c * k.w, id, dim
 	case ruleRole:
+		// Here, not in wordRule: every message of a history has a role,
+		// and most ("user", "assistant") add nothing, so the key never
+		// settles and this runs once a message.
 		if v.kind == vString {
+			var buf [normCap]byte
 			switch string(normValue(*v, &buf)) {
 			case "tool", "function":
 				c = 1
 			}
 		}
+	case ruleAgentMode, ruleToolID, ruleCallID, ruleFunction, ruleModelName, ruleLLM, ruleMethod, ruleObjectKind, ruleRunType:
+		c = s.wordRule(k.rule, parent, v)
+	default:
+		c = shapeRule(k.rule, parent, v)
+	}
+	return clamp01(c) * k.w, id, dim
+}
+
+// shapeRule is what a value adds under the rules that read its shape: a
+// flag, a number in a range, a value present or not (unscaled).
+func shapeRule(r rule, parent uint8, v *value) float64 {
+	switch r {
+	case ruleDepth:
+		if v.isNum {
+			return (v.num - 1) / 2
+		} else if v.kind == vTrue {
+			return 0.5
+		}
+	case ruleTrue:
+		return b2f(v.kind == vTrue)
+	case ruleFalse:
+		var buf [normCap]byte
+		return b2f(v.kind == vFalse || v.kind == vString && string(normValue(*v, &buf)) == "never")
+	case ruleNever:
+		var buf [normCap]byte
+		return b2f(v.kind == vString && string(normValue(*v, &buf)) == "never")
+	case ruleAny:
+		return b2f(v.kind == vTrue || v.kind == vFalse || v.kind == vNumber || v.kind == vString || v.present())
+	case ruleContext:
+		if v.isNum && v.num > 4096 {
+			return math.Log2(v.num/4096) / 3
+		}
+	case rulePresent:
+		return b2f(v.present())
+	case ruleObject:
+		return b2f((v.kind == vArray || v.kind == vObject) && !v.empty)
+	case ruleText:
+		return b2f((v.kind == vString && len(v.raw) > 0) || (v.kind == vArray && !v.empty))
+	case ruleTemperature:
+		return b2f(v.isNum && v.num >= 0 && v.num <= 2)
+	case ruleUnit:
+		return b2f(v.isNum && v.num >= 0 && v.num <= 1)
+	case rulePositive:
+		return b2f(v.isNum && v.num > 0)
+	case ruleNumber:
+		return b2f(v.isNum)
+	case ruleConfidence:
+		switch {
+		case v.isNum && v.num >= 0 && v.num <= 1 && parent == kMetadata:
+			return 1
+		case v.isNum && v.num >= 0 && v.num <= 1:
+			return 0.3
+		}
+	case ruleChunkSize:
+		switch {
+		case v.isNum && v.num > 0 && v.num <= 32768:
+			return 1
+		case v.isNum && v.num > 0:
+			// Upload APIs cut files into megabyte chunks.
+			return 0.2
+		case v.kind == vString && len(v.raw) > 0 && !v.isNum:
+			return 1
+		}
+	}
+	return 0
+}
+
+// wordRule is what a value adds under the rules that read its words: a
+// mode, a model's name, a tool call's id (captured here), an API object's
+// kind (unscaled).
+func (s *scanner) wordRule(r rule, parent uint8, v *value) float64 {
+	var buf [normCap]byte
+	switch r {
+	case ruleAgentMode:
+		return b2f(v.kind == vString && agentMode(normValue(*v, &buf)))
+	case ruleToolID:
+		if v.kind == vString && len(v.raw) > 0 {
+			s.captureToolID(*v)
+			return 1
+		}
+	case ruleCallID:
+		// A phone call's call_id is not a tool call; OpenAI's and
+		// Anthropic's ids have their own prefixes.
+		if v.kind == vString && len(v.raw) > 0 {
+			if toolIDLike(v.raw) {
+				s.captureToolID(*v)
+				return 1
+			}
+			return 0.4
+		}
+	case ruleFunction:
+		switch {
+		case parent == kToolCalls && v.present():
+			return 1
+		case parent == kTools && v.present():
+			// A tool definition: {"type":"function","function":{…}}.
+			return 0.8
+		case v.kind == vObject && !v.empty:
+			// A spreadsheet's function object looks the same.
+			return 0.4
+		case v.kind == vString && len(v.raw) > 0:
+			return 0.2
+		}
+	case ruleModelName:
+		// A car's "model": "Corolla" must not count; only LLM names do.
+		return b2f(v.kind == vString && llmModel(normValue(*v, &buf)))
+	case ruleLLM:
+		switch {
+		case v.kind == vString && llmModel(normValue(*v, &buf)):
+			return 1
+		case v.present():
+			return 0.6
+		}
 	case ruleMethod:
 		if v.kind == vString && len(v.raw) < normCap {
-			c = mcpMethod(v.raw)
+			return mcpMethod(v.raw)
 		}
 	case ruleObjectKind:
 		if v.kind == vString {
-			c = objectKind(normValue(*v, &buf))
+			return objectKind(normValue(*v, &buf))
 		}
 	case ruleRunType:
 		if v.kind == vString {
 			switch string(normValue(*v, &buf)) {
 			case "chain", "llm", "tool", "retriever", "agent", "prompt", "parser", "embedding":
-				c = 1
+				return 1
 			}
 		}
 	}
-	return clamp01(c) * k.w, id, dim
+	return 0
+}
+
+// b2f is 1 for true, 0 for false.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -3,7 +3,8 @@ package aitf
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"faregate/protect/promreg"
+	"faregate/protect/codes"
+	"faregate/protect/kit/promreg"
 )
 
 // scoreBuckets are the score histogram's upper bounds, written out so their
@@ -42,7 +43,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, route)),
 		delayed:  counter("delayed_total", "Requests held in the delay queue (enforce mode)."),
 		degraded: counter("degraded_total", "Requests passed without delay but marked degraded because the queue was long."),
-		refused:  counter("refused_total", "Requests refused with 503 aitf_queue_full."),
+		refused:  counter("refused_total", "Requests refused with 503 "+codes.AITFQueueFull+"."),
 		observed: counter("observed_total", "Requests at or above the threshold in observe mode (enforce would have delayed them)."),
 		alerts:   counter("tool_call_alerts_total", "tool_call_ids queued more than 15 times within 10 minutes."),
 		depth: promreg.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{

@@ -204,102 +204,126 @@ func (g *Guard) admit(w http.ResponseWriter, r *http.Request) (release func(), h
 		res.Decision = DecisionPass
 		return noop, false, nil
 	}
-
 	route := g.o.Route(r)
-	refuse := func() error {
-		res.Decision = DecisionRefused
-		g.m.refused.WithLabelValues(route).Inc()
-		return &QueueFullError{RetryAfter: queueFullRetry}
-	}
-	// out is the answer to a request whose context ended in the queue: a
-	// deadline is this server being too slow, the client is still there.
-	out := func(ctx context.Context) error {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return refuse()
-		}
-		return ctx.Err()
-	}
 	start := time.Now()
-	var wait time.Duration
-	var place *idLock
-	g.q.mu.Lock()
-	backlog := g.q.depth
-	if suspicious && backlog >= g.o.MaxQueue {
-		g.q.mu.Unlock()
-		return nil, false, refuse()
+	tk, ok := g.enter(res, suspicious)
+	if !ok {
+		return nil, false, g.refuse(res, route)
 	}
-	if id != "" {
-		if place = g.q.join(id); place == nil {
-			g.q.mu.Unlock()
-			return nil, false, refuse()
-		}
-	}
-	degrade := suspicious && res.Score > degradeFrom && backlog > g.o.DegradeBacklog
-	if suspicious && !degrade {
-		wait = baseWait + time.Duration(res.Score*float64(scoreWait))
-		if res.OptIn {
-			wait /= 2
-		}
-	}
-	// Lock waiters count in the backlog too: they hold a place in line.
-	queued := wait > 0 || id != ""
-	if queued {
-		g.q.depth++
-		g.m.depth.Inc()
-	}
-	g.q.mu.Unlock()
-
-	leave := func() {
-		if !queued {
-			return
-		}
-		g.q.mu.Lock()
-		g.q.depth--
-		g.q.mu.Unlock()
-		g.m.depth.Dec()
-	}
-
 	if id != "" {
 		g.countToolCall(r, id, route)
 	}
-
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			leave()
-			if place != nil {
-				g.q.unref(id, place)
-			}
-			return nil, false, out(r.Context())
+	release, ok = g.await(r, id, tk)
+	if !ok {
+		// A deadline is this server being too slow: the client is still
+		// there, and is answered.
+		if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+			return nil, false, g.refuse(res, route)
 		}
+		return nil, false, r.Context().Err()
 	}
-	release = noop
-	if place != nil {
-		// Degraded requests skip the delay, not this: one tool call never
-		// runs twice at once.
-		release, err = g.q.lock(r.Context(), id, place)
-		if err != nil {
-			leave()
-			return nil, false, out(r.Context())
-		}
-	}
-	leave()
-
 	res.Delayed = time.Since(start)
 	switch {
-	case degrade:
+	case tk.degrade:
 		res.Decision, res.Degraded = DecisionDegraded, true
 		g.m.degraded.WithLabelValues(route).Inc()
-	case wait > 0:
+	case tk.wait > 0:
 		res.Decision = DecisionDelayed
 		g.m.delayed.WithLabelValues(route).Inc()
 	default:
 		res.Decision = DecisionPass
 	}
-	return release, place != nil, nil
+	return release, tk.place != nil, nil
+}
+
+// refuse records a refusal of res and returns the *QueueFullError.
+func (g *Guard) refuse(res *Result, route string) error {
+	res.Decision = DecisionRefused
+	g.m.refused.WithLabelValues(route).Inc()
+	return &QueueFullError{RetryAfter: queueFullRetry}
+}
+
+// ticket is a request's place in the delay queue.
+type ticket struct {
+	wait    time.Duration // on the request's own timer; 0: none
+	place   *idLock       // its tool_call_id's place in line; nil: none
+	queued  bool          // it counts in the backlog until it leaves
+	degrade bool          // suspicious, but the backlog lets it skip the wait
+}
+
+// enter gives res's request its ticket, under the queue's lock, or
+// reports false when it is refused: a suspicious one at MaxQueue, or one
+// whose tool_call_id has its bound of requests in the queue.
+func (g *Guard) enter(res *Result, suspicious bool) (ticket, bool) {
+	g.q.mu.Lock()
+	defer g.q.mu.Unlock()
+	backlog := g.q.depth
+	if suspicious && backlog >= g.o.MaxQueue {
+		return ticket{}, false
+	}
+	var tk ticket
+	if id := res.ToolCallID; id != "" {
+		if tk.place = g.q.join(id); tk.place == nil {
+			return ticket{}, false
+		}
+	}
+	tk.degrade = suspicious && res.Score > degradeFrom && backlog > g.o.DegradeBacklog
+	if suspicious && !tk.degrade {
+		tk.wait = baseWait + time.Duration(res.Score*float64(scoreWait))
+		if res.OptIn {
+			tk.wait /= 2
+		}
+	}
+	// Lock waiters count in the backlog too: they hold a place in line.
+	tk.queued = tk.wait > 0 || res.ToolCallID != ""
+	if tk.queued {
+		g.q.depth++
+		g.m.depth.Inc()
+	}
+	return tk, true
+}
+
+// await holds the request for tk's wait, then until its tool_call_id's
+// turn comes (release ends the turn), and takes it out of the backlog. It
+// reports false, the request out of the queue, when the request's context
+// ended first.
+func (g *Guard) await(r *http.Request, id string, tk ticket) (release func(), ok bool) {
+	if tk.wait > 0 {
+		t := time.NewTimer(tk.wait)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			g.leave(tk)
+			if tk.place != nil {
+				g.q.unref(id, tk.place)
+			}
+			return nil, false
+		}
+	}
+	release = func() {}
+	if tk.place != nil {
+		// Degraded requests skip the delay, not this: one tool call never
+		// runs twice at once.
+		var err error
+		if release, err = g.q.lock(r.Context(), id, tk.place); err != nil {
+			g.leave(tk)
+			return nil, false
+		}
+	}
+	g.leave(tk)
+	return release, true
+}
+
+// leave takes tk's request out of the backlog.
+func (g *Guard) leave(tk ticket) {
+	if !tk.queued {
+		return
+	}
+	g.q.mu.Lock()
+	g.q.depth--
+	g.q.mu.Unlock()
+	g.m.depth.Dec()
 }
 
 // countToolCall counts one queueing of a tool_call_id (every Admit of it

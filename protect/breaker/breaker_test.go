@@ -14,16 +14,18 @@ import (
 	"testing/synctest"
 	"time"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // The tests run on the default settings (60s window, 10 calls, ratios
-// 0.2 and 0.1, 20s slow call, 30s open, 3 probes) and a fake clock that
-// only moves when a test moves it. Calls held in flight run in a synctest
-// bubble, whose Wait tells when they have parked inside fn.
+// 0.2 and 0.1, 20s slow call, 30s open, 3 probes) but one: any one
+// principal may open the breaker (MinPrincipals 1), unless a test says
+// otherwise, and a fake clock that only moves when a test moves it. Calls
+// held in flight run in a synctest bubble, whose Wait tells when they have
+// parked inside fn.
 
 var errProvider = errors.New("provider: 502")
 
@@ -36,12 +38,36 @@ func newClock() *clock { return clocktest.New(time.Date(2026, 8, 31, 12, 0, 0, 0
 type outcome int
 
 const (
-	ok       outcome = iota
-	fail             // returns errProvider at once
-	slow             // succeeds after 21s, past the 20s SlowCall
-	canceled         // the caller cancels it; fn returns ctx.Err()
-	deadline         // the caller's deadline passes; fn returns ctx.Err()
+	ok          outcome = iota
+	fail                // returns errProvider at once
+	slow                // its first event comes after 21s, past the 20s SlowCall; succeeds
+	canceled            // the caller cancels it; fn returns ctx.Err()
+	deadline            // the caller's deadline passes; fn returns ctx.Err()
+	long                // first event at once, then streams for 21s; succeeds
+	whole               // a whole answer (no first event marked) after 21s; succeeds
+	refused             // the provider refuses the request (a 400): the caller's fault
+	throttled           // the provider's 429 with Retry-After 10s
+	timeout             // a transport timeout before any event
+	longTimeout         // first event at once, a transport timeout 21s later
+	statusErr           // the provider answers 503, as a Judged error says
 )
+
+// statusError is a provider answer as a Judged error.
+type statusError struct {
+	status int
+	after  time.Duration
+}
+
+func (e *statusError) Error() string             { return fmt.Sprintf("provider: %d", e.status) }
+func (e *statusError) BreakerFault() Fault       { return StatusFault(e.status) }
+func (e *statusError) RetryAfter() time.Duration { return e.after }
+
+// netTimeout is a transport's timeout, as net.Error says it.
+type netTimeout struct{}
+
+func (netTimeout) Error() string   { return "i/o timeout" }
+func (netTimeout) Timeout() bool   { return true }
+func (netTimeout) Temporary() bool { return true }
 
 func repeat(o outcome, n int) []outcome {
 	out := make([]outcome, n)
@@ -96,7 +122,7 @@ type fixture struct {
 func newFixture(t *testing.T, edit func(*Settings)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, clk: newClock(), logs: &logBuf{}, reg: prometheus.NewRegistry()}
-	f.s = Settings{Name: "test", Now: f.clk.Now}
+	f.s = Settings{Name: "test", Now: f.clk.Now, MinPrincipals: 1}
 	if edit != nil {
 		edit(&f.s)
 	}
@@ -116,29 +142,52 @@ func ctxFor(o outcome) (context.Context, context.CancelFunc) {
 }
 
 // behave is the body of a fake provider call with outcome o.
-func (f *fixture) behave(ctx context.Context, o outcome) error {
+func (f *fixture) behave(ctx context.Context, c *Call, o outcome) error {
 	switch o {
 	case fail:
 		return errProvider
 	case slow:
 		f.clk.Advance(21 * time.Second)
+		c.FirstEvent()
+	case long:
+		c.FirstEvent()
+		f.clk.Advance(21 * time.Second)
+	case whole:
+		f.clk.Advance(21 * time.Second)
 	case canceled, deadline:
 		return ctx.Err()
+	case refused:
+		return fmt.Errorf("call: %w", &statusError{status: 400})
+	case throttled:
+		return fmt.Errorf("call: %w", &statusError{status: 429, after: 10 * time.Second})
+	case statusErr:
+		return fmt.Errorf("call: %w", &statusError{status: 503})
+	case timeout:
+		return fmt.Errorf("call: %w", netTimeout{})
+	case longTimeout:
+		c.FirstEvent()
+		f.clk.Advance(21 * time.Second)
+		return fmt.Errorf("call: %w", netTimeout{})
 	}
 	return nil
 }
 
-// call runs one call with outcome o through the breaker and reports
-// whether fn ran.
+// call runs one call with outcome o through the breaker, for principal
+// "p", and reports whether fn ran.
 func (f *fixture) call(o outcome) (ran bool, err error) {
+	return f.callFor("p", o)
+}
+
+// callFor is call for principal who.
+func (f *fixture) callFor(who string, o outcome) (ran bool, err error) {
 	ctx, cancel := ctxFor(o)
 	defer cancel()
 	if o == canceled {
 		cancel()
 	}
-	err = f.b.Do(ctx, func(ctx context.Context) error {
+	err = f.b.Do(ctx, who, func(ctx context.Context, c *Call) error {
 		ran = true
-		return f.behave(ctx, o)
+		return f.behave(ctx, c, o)
 	})
 	return ran, err
 }
@@ -202,10 +251,10 @@ func (f *fixture) hold(o outcome) *held {
 	h := &held{o: o, cancel: cancel, release: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(h.done)
-		h.err = f.b.Do(ctx, func(ctx context.Context) error {
+		h.err = f.b.Do(ctx, "p", func(ctx context.Context, c *Call) error {
 			h.ran = true
 			<-h.release
-			return f.behave(ctx, o)
+			return f.behave(ctx, c, o)
 		})
 	}()
 	synctest.Wait()
@@ -428,7 +477,7 @@ func TestPanicIsFailure(t *testing.T) {
 						t.Fatalf("recovered %v; want the panic boom", p)
 					}
 				}()
-				_ = f.b.Do(context.Background(), func(context.Context) error { panic("boom") })
+				_ = f.b.Do(context.Background(), "p", func(context.Context, *Call) error { panic("boom") })
 			}()
 			f.wantState(Open)
 		})
@@ -560,15 +609,16 @@ func TestDefaultClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := New(Settings{}, nil, nil)
 		for i := range 10 {
-			_ = b.Do(context.Background(), func(context.Context) error {
-				if i == 9 {
-					time.Sleep(21 * time.Second) // the provider's latency
+			_ = b.Do(context.Background(), fmt.Sprint("p", i%2), func(_ context.Context, c *Call) error {
+				if i >= 8 {
+					time.Sleep(21 * time.Second) // the provider's wait for the first token
 				}
+				c.FirstEvent()
 				return nil
 			})
 		}
 		if got := b.State(); got != Open {
-			t.Fatalf("state = %s; want open after 1 slow call in 10", got)
+			t.Fatalf("state = %s; want open after 2 slow calls in 10 from 2 principals", got)
 		}
 	})
 }
@@ -577,7 +627,7 @@ func TestDefaults(t *testing.T) {
 	s := Settings{}.withDefaults()
 	if s.Window != time.Minute || s.MinCalls != 10 || s.FailureRatio != 0.2 || s.SlowRatio != 0.1 ||
 		s.SlowCall != 20*time.Second || s.OpenFor != 30*time.Second || s.HalfOpenProbes != 3 ||
-		s.Name != "model" || s.Now == nil {
+		s.MinPrincipals != 2 || s.Name != "model" || s.Now == nil {
 		t.Fatalf("defaults = %+v", s)
 	}
 }
@@ -592,7 +642,7 @@ func TestConcurrentFailures(t *testing.T) {
 	for range workers {
 		wg.Go(func() {
 			for range each {
-				_ = f.b.Do(context.Background(), func(context.Context) error {
+				_ = f.b.Do(context.Background(), "p", func(context.Context, *Call) error {
 					ran.Add(1)
 					return errProvider
 				})
@@ -702,12 +752,12 @@ func TestSharedRegistry(t *testing.T) {
 // closed state, with callers on every CPU contending for its lock.
 func BenchmarkDo(b *testing.B) {
 	br := New(Settings{}, nil, nil)
-	fn := func(context.Context) error { return nil }
+	fn := func(context.Context, *Call) error { return nil }
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
 		for pb.Next() {
-			if err := br.Do(ctx, fn); err != nil {
+			if err := br.Do(ctx, "p", fn); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -730,14 +780,132 @@ func TestWindow(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := newWindow(time.Second, t0)
+			w := newWindow(time.Second, 1, t0)
 			for _, ms := range c.adds {
-				w.add(at(ms), true, true)
+				w.add(at(ms), true, true, "p")
 			}
 			got := w.sum(at(c.at))
-			if got != (counts{c.want, c.want, c.want}) {
+			if got != (counts{c.want, c.want, c.want, min(c.want, 1)}) {
 				t.Fatalf("sum = %+v; want %d of each", got, c.want)
 			}
 		})
+	}
+}
+
+// TestJudge: the breaker judges the provider, not the caller. Each case
+// would open the breaker if every error and every long call counted.
+func TestJudge(t *testing.T) {
+	cases := []struct {
+		name  string
+		calls []outcome
+		want  State
+	}{
+		{"2 requests in 10 the provider refuses do not open", seq(repeat(ok, 8), repeat(refused, 2)), Closed},
+		{"refused requests do not dilute failures", seq(repeat(refused, 10), repeat(ok, 8), repeat(fail, 2)), Open},
+		{"refused requests are not calls", seq(repeat(refused, 20), repeat(ok, 5)), Closed},
+		{"a provider's 503 is a failure", seq(repeat(ok, 8), repeat(statusErr, 2)), Open},
+		{"a throttled burst counts once", seq(repeat(ok, 9), repeat(throttled, 5)), Closed},
+		{"a long stream is not slow", seq(repeat(ok, 9), repeat(long, 1)), Closed},
+		{"a whole answer that took long is not slow", seq(repeat(ok, 9), repeat(whole, 1)), Closed},
+		{"a late first event is slow", seq(repeat(ok, 9), repeat(slow, 1)), Open},
+		{"a timeout before any event is a failure", seq(repeat(ok, 8), repeat(timeout, 2)), Open},
+		{"a timeout before any event is slow", seq(repeat(ok, 9), repeat(timeout, 1)), Open},
+		{"a timeout mid-answer is the answer's length", seq(repeat(ok, 8), repeat(longTimeout, 2)), Closed},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			f.mustRun(c.calls...)
+			f.wantState(c.want)
+		})
+	}
+}
+
+// TestThrottleQuiet: a 429 counts as a failure at most once per its
+// Retry-After; one after it has passed counts again.
+func TestThrottleQuiet(t *testing.T) {
+	f := newFixture(t, func(s *Settings) { s.MinCalls, s.FailureRatio = 2, 1 })
+	f.mustRun(throttled)
+	f.clk.Advance(9 * time.Second)
+	f.mustRun(throttled, throttled)
+	f.wantState(Closed) // one counted call: below MinCalls
+	f.clk.Advance(time.Second)
+	f.mustRun(throttled)
+	f.wantState(Open)
+}
+
+// TestOnePrincipal: one principal alone never opens the breaker, however
+// many of its calls fail or are slow; the bad calls of a second open it.
+func TestOnePrincipal(t *testing.T) {
+	cases := []struct {
+		name string
+		bad  outcome
+	}{
+		{"failures", fail},
+		{"slow calls", slow},
+		{"timeouts", timeout},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// MinPrincipals is the default, 2; a slow call moves the clock
+			// 21s, so only a few stay in the window: MinCalls 5.
+			f := newFixture(t, func(s *Settings) { s.MinPrincipals, s.MinCalls = 0, 5 })
+			for i := range 30 {
+				if ran, err := f.callFor("agent", c.bad); !ran {
+					t.Fatalf("call %d refused: %v", i, err)
+				}
+			}
+			for range 5 {
+				f.callFor("visitor", ok)
+			}
+			f.wantState(Closed)
+			f.callFor("visitor", c.bad)
+			f.wantState(Open)
+			if l := f.logs.lines(); len(l) != 1 || !strings.Contains(l[0], "window_principals=2") {
+				t.Fatalf("log = %q; want the opening, naming 2 principals", l)
+			}
+		})
+	}
+}
+
+// TestPrincipalsLeaveWithTheirBucket: a principal counts only while its
+// bad calls are inside the window.
+func TestPrincipalsLeaveWithTheirBucket(t *testing.T) {
+	f := newFixture(t, func(s *Settings) { s.MinPrincipals = 2 })
+	f.callFor("a", fail)
+	f.clk.Advance(time.Minute)
+	for range 9 {
+		f.callFor("b", fail)
+	}
+	f.wantState(Closed)
+	f.callFor("c", fail)
+	f.wantState(Open)
+}
+
+// TestRefusedProbe: a probe the provider refuses for what it asked frees
+// its slot, as a canceled one does.
+func TestRefusedProbe(t *testing.T) {
+	f := newFixture(t, func(s *Settings) { s.HalfOpenProbes = 1 })
+	f.halfOpen()
+	f.mustRun(refused)
+	f.wantState(HalfOpen)
+	f.mustRun(ok)
+	f.wantState(Closed)
+}
+
+func TestStatusFault(t *testing.T) {
+	cases := []struct {
+		status int
+		want   Fault
+	}{
+		{400, CallerFault}, {404, CallerFault}, {409, CallerFault}, {413, CallerFault}, {422, CallerFault},
+		{401, ProviderFault}, {403, ProviderFault}, {408, ProviderFault}, {500, ProviderFault},
+		{502, ProviderFault}, {503, ProviderFault}, {504, ProviderFault}, {402, ProviderFault},
+		{429, RateLimitFault},
+	}
+	for _, c := range cases {
+		if got := StatusFault(c.status); got != c.want {
+			t.Errorf("StatusFault(%d) = %d; want %d", c.status, got, c.want)
+		}
 	}
 }

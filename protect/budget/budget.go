@@ -5,34 +5,59 @@
 //
 // Before a model call the caller reserves the most the call can cost
 // (estimated prompt tokens + max_tokens, and what they cost at the model's
-// price) in every scope in one atomic Redis script, or is refused. After
-// the call it settles the reservation with the usage the provider reported:
-// the hold comes back and the actual usage is charged in full, even above
-// the hold; the excess is recorded as overage. Checking and charging in one
-// script is what keeps concurrent requests and replicas from overspending:
-// at every instant, in every scope,
+// price) in every scope, or is refused. After the call it settles the
+// reservation with the usage the provider reported: the hold comes back
+// and the actual usage is charged in full, even above the hold; the
+// excess is recorded as overage. In every scope, at every instant, Redis
+// holds
 //
 //	settled + outstanding − overage ≤ limit,
 //
 // and a scope that overage pushed over its limit refuses the next
 // reservation at once.
 //
-// Scripts are idempotent, because a client may re-send a script whose reply
-// was lost: a reservation id is made before the call, a re-sent reserve
-// answers the first success again and a re-sent settle answers the first
-// settlement again; neither charges twice.
+// Where the keys live (layout.go). A principal's scope, its tasks' and
+// their reservations carry the hash tag of the principal's bucket, so the
+// per-call scripts spread over every master of a cluster; the day's
+// scopes (site tokens, site money, each tier's share) keep the day's tag.
+//
+// Leased blocks (lease.go, Options.Lease). A replica does not ask the
+// day's slot on every call: it leases a block of each day scope it
+// spends from, an amount Redis counts as outstanding (so the invariant
+// above holds in Redis at every instant), and admits a call locally only
+// within the unspent part of its blocks in every day scope the call
+// touches. What its calls spend it reports when it renews or returns the
+// lease. A lease expires by Redis's clock; the replica stops using it a
+// margin before; a dead replica's lease is charged what it still held
+// when it expires, never earlier. Blocks shrink with the headroom, and
+// near a limit (headroom below replicas × the largest reservation) a
+// scope falls back to a reservation per call in the day's slot, sent at
+// once with the principal's. A call's reservation is then one script per
+// slot it touches, and its critical path at most two round trips.
+//
+// Group commit (commit.go). The operations one replica sends to one slot
+// while a script of its own is on its way there go together in the next
+// script; a settle and its ledger entry are still one atomic step.
+//
+// Operations are idempotent, because a client may re-send a script whose
+// reply was lost: a reservation id is made before the call, a re-sent
+// reserve answers the first success again and a re-sent settle answers
+// the first settlement again; neither charges twice. A lease report
+// carries a sequence number for the same reason.
 //
 // A reservation that is never settled (the process died) expires after
-// Options.ReservationTTL and is given back, exactly once, by whichever
-// script runs next for that day; ReleaseTask gives back a task's open
-// reservations at once (its lease lapsed). A settle that arrives after
-// either is charged in full, all of it as overage. Expiry follows the
-// clock passed in (Options.Now), not Redis TIME, so tests can move time on
-// any Redis.
+// Options.ReservationTTL and is given back, exactly once, by the reaper of
+// its slot (which runs at most once a second per slot, in the scripts
+// that touch it); ReleaseTask gives back a task's open reservations at
+// once (its lease lapsed). A settle that arrives after either is charged
+// in full, all of it as overage. Reservations expire by the clock passed
+// in (Options.Now), so tests can move time on any Redis; leases by
+// Redis's.
 //
 // Provider numbers are hostile input: one call is charged at most
-// Options.MaxCallTokens, and a report below zero, past it or unreadable is
-// charged Conservative(reservation, faregate's own count) instead
+// Options.MaxCallTokens, a report below zero, past it or unreadable is
+// charged Conservative(reservation, faregate's own count) instead, and a
+// report below faregate's own count of what passed is charged that count
 // (Charged). Every amount a script sees is bounded to 2^53 in Go first,
 // and the scripts refuse anything past it, so no counter wraps or loses
 // precision in Lua's doubles. SettleCall writes the call's ledger entry in
@@ -46,11 +71,11 @@ package budget
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -191,16 +216,25 @@ type Options struct {
 	// MaxCallTokens is the ceiling of one call's charge
 	// (FAREGATE_LLM_MAX_CALL_TOKENS); default DefaultMaxCallTokens.
 	MaxCallTokens int64
-	// Now is the clock that decides expiry and RetryAfter; default time.Now.
+	// Now is the clock that decides a reservation's expiry and
+	// RetryAfter; default time.Now. Leases expire by Redis's clock.
 	Now func() time.Time
+	// Lease configures leased blocks of the day's scopes; the zero value
+	// reserves every call in the day's slot.
+	Lease LeaseOptions
 	// Registerer receives the metrics; nil leaves them unregistered.
 	Registerer prometheus.Registerer
+	// Ledger shapes the entries SettleCall writes (its stream's length,
+	// export groups) and hears what they did (LedgerOptions.Watch); nil:
+	// the default shape, no export groups known.
+	Ledger *Ledger
 }
 
 // Budget reserves and settles tokens and money in Redis.
 type Budget struct {
-	rdb    redis.Scripter
-	limits Limits
+	rdb     redis.Scripter
+	cluster bool // rdb is a cluster client: one committer per slot
+	limits  Limits
 	// prices is replaced whole by SetPrices (a policy reload); a map in
 	// it is never written after it was stored.
 	prices  atomic.Pointer[Prices]
@@ -208,11 +242,26 @@ type Budget struct {
 	maxCall int64
 	now     func() time.Time
 	m       *metrics
+	ledger  *Ledger
+
+	layouts    layouts
+	expiries   expiries
+	dayUse     dayUse
+	commitMu   sync.Mutex
+	committers map[string]*committer
+	// leases is nil while leasing is off.
+	leases *leases
+	// open are this replica's open reservations of layout 2: what a settle
+	// or withdraw gives back locally, and how.
+	open openSet
 }
 
-// New returns a Budget on rdb. redis.Scripter is the narrowest go-redis
-// interface that runs scripts, and both *redis.Client and
-// *redis.ClusterClient satisfy it.
+// errNoRedis is what an operation of a Budget made without Redis answers.
+var errNoRedis = errors.New("no Redis client")
+
+// New returns a Budget on rdb: a *redis.Client, or a *redis.ClusterClient
+// (whose operations then go to each slot on their own). Call Close when
+// the replica stops, to give its leased blocks back.
 func New(rdb redis.Scripter, o Options) *Budget {
 	l := o.Limits
 	if l.Site <= 0 {
@@ -234,10 +283,32 @@ func New(rdb redis.Scripter, o Options) *Budget {
 	if o.MaxCallTokens <= 0 || o.MaxCallTokens > maxExact {
 		o.MaxCallTokens = DefaultMaxCallTokens
 	}
+	if o.Ledger == nil {
+		o.Ledger = OpenLedger(nil, LedgerOptions{})
+	}
 	b := &Budget{rdb: rdb, limits: l, ttl: o.ReservationTTL, maxCall: o.MaxCallTokens, now: o.Now,
-		m: newMetrics(o.Registerer, l.SpendMicro > 0)}
+		m: newMetrics(o.Registerer, l.SpendMicro > 0), ledger: o.Ledger, committers: map[string]*committer{}}
+	b.open.m = map[string]*openRes{}
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		b.cluster = true
+	}
 	b.SetPrices(o.Prices)
+	if o.Lease.Calls > 0 && rdb != nil {
+		b.leases = newLeases(b, o.Lease)
+	}
 	return b
+}
+
+// Close gives back the unspent part of every block this replica leased,
+// reporting what its calls spent, and stops its background work; ctx
+// bounds how long it tries. A lease it could not give back is charged
+// what it holds when it expires. Close of a Budget without leases does
+// nothing.
+func (b *Budget) Close(ctx context.Context) error {
+	if b.leases == nil {
+		return nil
+	}
+	return b.leases.close(ctx)
 }
 
 // SetPrices replaces the prices from the next Reserve, Settle or Cost on
@@ -324,6 +395,11 @@ type Request struct {
 	// PromptTokens (estimated) and MaxTokens (the completion cap) make the
 	// hold: tokens = prompt + max, cost = prompt×input + max×output.
 	PromptTokens, MaxTokens int64
+	// PromptCache says the provider may bill the prompt at its cache
+	// prices (Anthropic's Messages): its money is reserved at the dearest
+	// of them (Price.ReserveCost), so the settle's cache writes never cost
+	// more than was held.
+	PromptCache bool
 }
 
 // Reservation is a granted Request; hand it back to Settle unchanged.
@@ -339,7 +415,23 @@ type Reservation struct {
 	// Warnings lists the daily scopes this reservation took past 80%
 	// first today (site, spend, tier, principal).
 	Warnings []ScopeEvent
+
+	// how holds the reservation's part in the day's scopes: in this
+	// replica's leased blocks, in the day's slot, or in layout 1.
+	how holding
+	// replica is the Budget that made it (a leased hold is its own).
+	replica string
 }
+
+// holding says where a reservation's part in the day's scopes is held.
+type holding byte
+
+const (
+	heldUnknown holding = iota // not made by Reserve: the day's layout decides
+	heldLegacy                 // layout 1: one script holds every scope
+	heldLease                  // in the replica's leased blocks
+	heldDirect                 // per call, in the day's slot
+)
 
 // Settlement is what a settle charged. Tokens and CostMicro are charged in
 // every scope; the overage is the part beyond the hold (all of it when the
@@ -357,76 +449,6 @@ type Settlement struct {
 	Warnings []ScopeEvent
 }
 
-// keys are the Redis keys of one day, principal, tier and task.
-type keys struct{ site, spend, tier, principal, task, taskres, res, resinfo, done string }
-
-func keysFor(day, principal, tier, task string) keys {
-	p := "faregate:budget:{" + day + "}:"
-	return keys{site: p + "site", spend: p + "spend", tier: p + "tier:" + tier, principal: p + "p:" + principal,
-		task: p + "task:" + task, taskres: p + "taskres:" + task, res: p + "res", resinfo: p + "resinfo", done: p + "done"}
-}
-
-// scopeKeys is the KEYS list of the reserve and settle scripts.
-func (k keys) scopeKeys() []string {
-	return []string{k.site, k.spend, k.tier, k.principal, k.task, k.taskres, k.res, k.resinfo, k.done}
-}
-
-// Reserve holds req's tokens and cost in every scope at once, or in none:
-// it returns an *ExhaustedError naming the narrowest scope that cannot
-// afford it (task, principal, tier, site tokens, site spend),
-// ErrUnavailable, or ErrInvalid. A re-sent reserve (same ID and request)
-// answers the first success again without holding twice.
-func (b *Budget) Reserve(ctx context.Context, req Request) (Reservation, error) {
-	if err := validate(req.Day, req.Principal, req.Tier, req.Task); err != nil {
-		return Reservation{}, err
-	}
-	if req.ID != "" && !validID(req.ID) {
-		return Reservation{}, fmt.Errorf("%w: reservation id must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
-	}
-	// Each part is bounded before they are added, so the sum cannot wrap.
-	if req.PromptTokens < 0 || req.MaxTokens < 0 || req.PromptTokens > maxExact/2 || req.MaxTokens > maxExact/2 ||
-		req.PromptTokens+req.MaxTokens <= 0 || len(req.Model) > 256 {
-		return Reservation{}, fmt.Errorf("%w: reserve %d prompt + %d max tokens of a %d-byte model name",
-			ErrInvalid, req.PromptTokens, req.MaxTokens, len(req.Model))
-	}
-	cost, err := b.Cost(req.Model, req.PromptTokens, req.MaxTokens)
-	if err != nil {
-		return Reservation{}, err
-	}
-	r := Reservation{ID: req.ID, Day: req.Day, Principal: req.Principal, Tier: req.Tier, Task: req.Task, Model: req.Model,
-		PrincipalLimit: req.PrincipalLimit, TierLimit: max(req.TierLimit, 0),
-		Tokens: req.PromptTokens + req.MaxTokens, PromptTokens: req.PromptTokens, CostMicro: min(cost, maxExact)}
-	if r.PrincipalLimit <= 0 {
-		r.PrincipalLimit = b.limits.Principal
-	}
-	if r.ID == "" {
-		// 128 random bits: a reservation id is never guessed nor reused.
-		r.ID = "r" + rand.Text()
-	}
-	now := b.now()
-	v, err := reserveScript.Run(ctx, b.rdb, keysFor(r.Day, r.Principal, r.Tier, r.Task).scopeKeys(),
-		ms(now), ms(now.Add(b.ttl)), r.ID, r.Tokens, r.CostMicro,
-		b.limits.Site, b.limits.SpendMicro, r.TierLimit, r.PrincipalLimit, b.limits.Task,
-		dayKeyTTL, info(r), flag(r.Tier != ""),
-	).Int64Slice()
-	if err != nil {
-		return Reservation{}, fmt.Errorf("%w: reserve: %w", ErrUnavailable, err)
-	}
-	if len(v) != 15 {
-		return Reservation{}, fmt.Errorf("%w: reserve script returned %d values", ErrUnavailable, len(v))
-	}
-	b.m.update(b.limits, v[4], v[5], v[6])
-	switch v[0] {
-	case 1, 2:
-		r.Warnings = b.warnings(v[7:11], v[11:15], r)
-		return r, nil
-	case 0:
-		return Reservation{}, b.refuse(v[1], v[2], v[3] == 1, now)
-	default:
-		return Reservation{}, fmt.Errorf("%w: reservation id %s is taken by another reservation", ErrInvalid, r.ID)
-	}
-}
-
 // Settle ends reservation r with the usage the provider reported (or the
 // caller's estimate) and charges it in full in every scope, at r.Model's
 // price: SettleCall with nothing but the two numbers.
@@ -442,32 +464,94 @@ type Call struct {
 	// Counted is faregate's own count of the call (its prompt estimate and
 	// the output it counted): the floor of a conservative charge.
 	Counted int64
+	// CountedPrompt and CountedOutput are faregate's own count of what
+	// passed to the provider and back (the prompt's text, the output
+	// relayed), which a report is judged against (Charged); 0 when it
+	// counted nothing. Exact says they were counted with the model's own
+	// tokenizer; otherwise they are the conservative bound, which may
+	// count up to about twice what the model's tokenizer would.
+	CountedPrompt, CountedOutput int64
+	Exact                        bool
 	// Unreadable says the provider's report, or its whole answer, could
 	// not be read as numbers at all; Raw is the report as it came (kept on
 	// the ledger entry, at most maxRaw bytes).
 	Unreadable bool
 	Raw        string
+	// CacheWrite, CacheWrite1h and CacheRead are the parts of PromptTokens
+	// the provider reported as written to its prompt cache (CacheWrite1h:
+	// of them, for an hour) and read from it, priced apart (Price.CostOf);
+	// bounded by the prompt charged, the rest of which is input.
+	CacheWrite, CacheWrite1h, CacheRead int64
 	// Ledger, when set, is written in the same script as the settle, once
 	// however often the script is sent: its token, reserve, cost and
 	// overage fields are the settlement's (the caller's are ignored).
 	Ledger *Entry
 }
 
+// tokens is what the charge of prompt and completion tokens is priced as:
+// the cache parts of the report, each bounded by what is left of the
+// prompt (a report's cache may not exceed the prompt it is part of), the
+// rest input.
+func (c Call) tokens(prompt, completion int64) Tokens {
+	cw := min(max(c.CacheWrite, 0), max(prompt, 0))
+	cr := min(max(c.CacheRead, 0), max(prompt, 0)-cw)
+	return Tokens{Input: max(prompt, 0) - cw - cr, CacheWrite: cw, CacheWrite1h: min(max(c.CacheWrite1h, 0), cw),
+		CacheRead: cr, Output: completion}
+}
+
+// farBelowTokens is how far a report may fall under faregate's own count
+// before it is doubted, beside falling under half of it: a cached prompt a
+// provider does not bill, or a tokenizer that counts a little differently,
+// stays believable; a stream of 2,000 tokens reported as 0 does not.
+const farBelowTokens = 1000
+
 // Charged is what SettleCall charges r for call, split into prompt and
 // completion tokens (what the task's usage and the ledger record), and
-// whether the report was implausible: below zero, past MaxCallTokens, or
-// unreadable. An implausible call is charged Conservative(r.Tokens,
-// call.Counted), its prompt part at most the reserved prompt; the caller
-// raises usage_implausible for it (the provider's doing, not the
-// visitor's).
+// whether the report was implausible. The rules, for the prompt and the
+// output each:
+//
+//   - a report below zero, past MaxCallTokens (the two summed) or
+//     unreadable is not charged at all: the call is charged
+//     Conservative(r.Tokens, call.Counted), its prompt part at most the
+//     reserved prompt;
+//   - counted with the model's own tokenizer (Exact), the larger of the
+//     report and the count is charged: a provider cannot bill less than
+//     what faregate saw pass;
+//   - counted with the conservative bound only, the report is believed
+//     unless it is under half the count and more than farBelowTokens
+//     under it; then the count is charged.
+//
+// Either way a report under half the count and more than farBelowTokens
+// under it is implausible: the caller keeps the raw report on the ledger
+// and raises usage_implausible (the provider's doing, not the visitor's).
+// The charge never passes MaxCallTokens.
 func (b *Budget) Charged(r Reservation, call Call) (prompt, completion int64, implausible bool) {
 	prompt, completion = call.PromptTokens, call.CompletionTokens
-	if !call.Unreadable && b.Plausible(prompt, completion) {
-		return prompt, completion, false
+	if call.Unreadable || !b.Plausible(prompt, completion) {
+		total := b.Conservative(r.Tokens, call.Counted)
+		prompt = min(max(r.PromptTokens, 0), total)
+		return prompt, total - prompt, true
 	}
-	total := b.Conservative(r.Tokens, call.Counted)
-	prompt = min(max(r.PromptTokens, 0), total)
-	return prompt, total - prompt, true
+	prompt, lowPrompt := judgeReport(prompt, call.CountedPrompt, call.Exact)
+	completion, lowOutput := judgeReport(completion, call.CountedOutput, call.Exact)
+	prompt = min(prompt, b.maxCall)
+	completion = min(completion, b.maxCall-prompt)
+	return prompt, completion, lowPrompt || lowOutput
+}
+
+// judgeReport is what one part of a call is charged given the provider's
+// report and faregate's count (Charged's rules), and whether the report
+// was far below the count. Both are at least 0 here.
+func judgeReport(report, counted int64, exact bool) (int64, bool) {
+	counted = max(counted, 0)
+	far := report < counted-report && counted-report > farBelowTokens
+	switch {
+	case exact:
+		return max(report, counted), far
+	case far:
+		return counted, true
+	}
+	return report, false
 }
 
 // maxRaw bounds the raw report a ledger entry keeps.
@@ -491,153 +575,6 @@ func clipRaw(s string) string {
 // the reservation expires.
 const settleAttempts = 3
 
-// SettleCall ends reservation r with what call used and charges it in full
-// in every scope, at r.Model's price. What exceeds the hold is overage; if
-// the hold was already given back (expired, or released by ReleaseTask)
-// everything is overage and Late is set: a late settle charges what was
-// used, never nothing. A report below zero, past MaxCallTokens or
-// unreadable is not charged as it stands: the call is charged
-// Conservative(r.Tokens, call.Counted) and Implausible is set. Settling the
-// same reservation again answers the first Settlement and charges (and
-// writes) nothing. A reservation never made here (or altered) yields
-// ErrUnknownReservation.
-func (b *Budget) SettleCall(ctx context.Context, r Reservation, call Call) (Settlement, error) {
-	if err := validate(r.Day, r.Principal, r.Tier, r.Task); err != nil {
-		return Settlement{}, err
-	}
-	if !validID(r.ID) || r.Tokens <= 0 || r.Tokens > maxExact || r.CostMicro < 0 || r.CostMicro > maxExact {
-		return Settlement{}, fmt.Errorf("%w: settle of reservation %q holding %d tokens", ErrInvalid, r.ID, r.Tokens)
-	}
-	prompt, completion, implausible := b.Charged(r, call)
-	// An unpriced model could only have been reserved with the spend cap
-	// off, so it costs nothing here either.
-	var cost int64
-	if p, ok := b.price(r.Model); ok {
-		cost = min(p.Cost(prompt, completion), maxExact)
-	}
-	plimit := r.PrincipalLimit
-	if plimit <= 0 {
-		plimit = b.limits.Principal
-	}
-	k := keysFor(r.Day, r.Principal, r.Tier, r.Task)
-	args := []any{ms(b.now()), r.ID, prompt + completion, cost, info(r), dayKeyTTL,
-		b.limits.Site, b.limits.SpendMicro, max(r.TierLimit, 0), plimit, flag(r.Tier != ""), 0}
-	if e := call.Ledger; e != nil {
-		// The raw report is kept only beside a charge that is not it.
-		raw := ""
-		if implausible {
-			raw = clipRaw(call.Raw)
-		}
-		args[11] = 1
-		args = append(args, ledgerMaxLen, int64(ledgerTTL/time.Second), prompt, completion, r.Tokens,
-			e.Task, e.Model, e.Principal, e.RequestID, max(e.LatencyMS, 0), e.Outcome, flag(e.Estimated),
-			raw, flag(implausible))
-	}
-	var v []int64
-	var err error
-	for attempt := range settleAttempts {
-		if attempt > 0 {
-			t := time.NewTimer(time.Duration(25<<(2*attempt)) * time.Millisecond)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return Settlement{}, fmt.Errorf("%w: settle: %w", ErrUnavailable, err)
-			case <-t.C:
-			}
-		}
-		v, err = settleScript.Run(ctx, b.rdb, append(k.scopeKeys(), UsageKey(r.Day)), args...).Int64Slice()
-		if err == nil || ctx.Err() != nil {
-			break
-		}
-		b.m.settleRetries.Inc()
-	}
-	if err != nil {
-		return Settlement{}, fmt.Errorf("%w: settle: %w", ErrUnavailable, err)
-	}
-	if len(v) != 17 {
-		return Settlement{}, fmt.Errorf("%w: settle script returned %d values", ErrUnavailable, len(v))
-	}
-	b.m.update(b.limits, v[6], v[7], v[8])
-	if v[0] == 0 {
-		return Settlement{}, fmt.Errorf("%w: %s", ErrUnknownReservation, r.ID)
-	}
-	s := Settlement{Tokens: v[1], CostMicro: v[2], OverageTokens: v[3], OverageCostMicro: v[4], Late: v[5] == 1}
-	r.PrincipalLimit = plimit
-	s.Warnings = b.warnings(v[9:13], v[13:17], r)
-	if implausible && v[0] == 1 {
-		b.m.implausible.Inc()
-	}
-	// Counted on every answer, repeats included: a repeat is most often a
-	// re-send whose first reply (and so its count) was lost.
-	b.m.overage(s.OverageTokens, s.OverageCostMicro, s.Late)
-	return s, nil
-}
-
-// Withdraw undoes the reserve of req (sent with req.ID set) as if it had
-// never been sent: a granted reservation is given back in all its scopes,
-// and a budget_warning or budget_exhausted flag that reserve set (a first
-// crossing today, Reservation.Warnings or ExhaustedError.First) is
-// cleared, so the next operation to cross that line reports it. A caller
-// that sends a reserve at once with checks that must come before it (the
-// agent's token bucket and input-spike check, on other cluster slots) calls
-// it when one of them refused and raises none of the reserve's alerts: the
-// day's alert is then still raised once, by the next crossing. It reports
-// whether a reservation was given back. A reservation already settled is
-// left alone; calling it again finds nothing.
-func (b *Budget) Withdraw(ctx context.Context, req Request) (bool, error) {
-	if err := validate(req.Day, req.Principal, req.Tier, req.Task); err != nil {
-		return false, err
-	}
-	if !validID(req.ID) {
-		return false, fmt.Errorf("%w: reservation id must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
-	}
-	v, err := withdrawScript.Run(ctx, b.rdb, keysFor(req.Day, req.Principal, req.Tier, req.Task).scopeKeys(),
-		ms(b.now()), dayKeyTTL, req.ID).Int64Slice()
-	if err != nil {
-		return false, fmt.Errorf("%w: withdraw: %w", ErrUnavailable, err)
-	}
-	if len(v) != 5 {
-		return false, fmt.Errorf("%w: withdraw script returned %d values", ErrUnavailable, len(v))
-	}
-	b.m.update(b.limits, v[2], v[3], v[4])
-	return v[0] == 1, nil
-}
-
-// ReleaseTask gives back every open reservation of task (admitted on day)
-// at once, in all its scopes, and returns how many it gave back. The
-// reaper calls it when a task's lease lapsed: the replica that held them is
-// gone. Their settles, should they still arrive, are charged as overage.
-// A re-sent script (lost reply) answers the same count; calling
-// ReleaseTask again finds nothing open and returns 0.
-func (b *Budget) ReleaseTask(ctx context.Context, day, task string) (int64, error) {
-	if err := validDay(day); err != nil {
-		return 0, err
-	}
-	if !validID(task) {
-		return 0, fmt.Errorf("%w: task must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
-	}
-	k := keysFor(day, "", "", task)
-	var released int64
-	for range releaseRounds {
-		// A fresh op id per round: a re-send of this round (lost reply)
-		// is answered from its record; the next round is new work.
-		v, err := releaseScript.Run(ctx, b.rdb, []string{k.site, k.taskres, k.res, k.resinfo, k.done},
-			ms(b.now()), dayKeyTTL, rand.Text()).Int64Slice()
-		if err != nil {
-			return released, fmt.Errorf("%w: release: %w", ErrUnavailable, err)
-		}
-		if len(v) != 5 {
-			return released, fmt.Errorf("%w: release script returned %d values", ErrUnavailable, len(v))
-		}
-		released += v[0]
-		b.m.update(b.limits, v[2], v[3], v[4])
-		if v[1] == 0 {
-			break
-		}
-	}
-	return released, nil
-}
-
 // AffordRequest asks whether a principal could reserve Tokens costing
 // CostMicro right now; fields mean what they mean in Request.
 type AffordRequest struct {
@@ -648,50 +585,12 @@ type AffordRequest struct {
 	Tokens, CostMicro int64
 }
 
-// CanAfford reports whether the principal, its tier, the site's tokens and
-// the site's spend could all hold a reservation of a.Tokens and
-// a.CostMicro right now: nil, an *ExhaustedError (same precedence as
-// Reserve), ErrUnavailable or ErrInvalid. It holds nothing: the admission
-// check uses it to refuse a task that could not pay for even its first
-// model call. It reaps expired reservations first, and a refusal sets the
-// scope's once-a-day exhausted flag (ExhaustedError.First).
-func (b *Budget) CanAfford(ctx context.Context, a AffordRequest) error {
-	if err := validDay(a.Day); err != nil {
-		return err
-	}
-	if !validID(a.Principal) || (a.Tier != "" && !validID(a.Tier)) {
-		return fmt.Errorf("%w: principal and tier must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
-	}
-	if a.Tokens <= 0 || a.CostMicro < 0 {
-		return fmt.Errorf("%w: can afford %d tokens costing %d", ErrInvalid, a.Tokens, a.CostMicro)
-	}
-	plimit := a.PrincipalLimit
-	if plimit <= 0 {
-		plimit = b.limits.Principal
-	}
-	k := keysFor(a.Day, a.Principal, a.Tier, "")
-	now := b.now()
-	v, err := canAffordScript.Run(ctx, b.rdb, []string{k.site, k.spend, k.tier, k.principal, k.res, k.resinfo, k.done},
-		ms(now), dayKeyTTL, a.Tokens, a.CostMicro, b.limits.Site, b.limits.SpendMicro, max(a.TierLimit, 0), plimit,
-		flag(a.Tier != ""),
-	).Int64Slice()
-	if err != nil {
-		return fmt.Errorf("%w: can afford: %w", ErrUnavailable, err)
-	}
-	if len(v) != 7 {
-		return fmt.Errorf("%w: can afford script returned %d values", ErrUnavailable, len(v))
-	}
-	b.m.update(b.limits, v[4], v[5], v[6])
-	if v[0] != 1 {
-		return b.refuse(v[1], v[2], v[3] == 1, now)
-	}
-	return nil
-}
-
-// ScopeUsage is one scope's state: settled (overage included), held by
-// outstanding reservations, the overage part of settled, and the limit
-// (0 = none). Tokens, or micro-units for the spend scope.
-type ScopeUsage struct{ Settled, Outstanding, Overage, Limit int64 }
+// ScopeUsage is one scope's state: settled (overage included); held by
+// outstanding reservations and leased blocks; the part of outstanding
+// that leased blocks hold (spent but not yet reported by their replica, or
+// unspent); the overage part of settled; and the limit (0 = none). Tokens,
+// or micro-units for money.
+type ScopeUsage struct{ Settled, Outstanding, Leased, Overage, Limit int64 }
 
 // UsageQuery names the scopes Usage reads; empty Principal, Tier or Task
 // read as zero. The limits mean what they mean in Request.
@@ -700,48 +599,18 @@ type UsageQuery struct {
 	PrincipalLimit, TierLimit  int64
 }
 
-// UsageReport is every scope of a UsageQuery read in one atomic step, and
-// the number of the day's outstanding reservations.
+// UsageReport is every scope of a UsageQuery. The day's scopes are read
+// in one atomic step and the principal's and task's in another (on a
+// cluster they live on different masters). PrincipalSpend and TaskSpend
+// are their money, counted from layout 2 on. Reservations counts the
+// principal's open reservations (with no principal named, the day's open
+// direct ones); Leases the live leases of the day's scopes; Layout is the
+// day's key layout (layout.go).
 type UsageReport struct {
 	Site, Spend, Tier, Principal, Task ScopeUsage
-	Reservations                       int64
-}
-
-// Usage reads the scopes of q (for GET /api/usage and operators) after
-// reaping expired reservations.
-func (b *Budget) Usage(ctx context.Context, q UsageQuery) (UsageReport, error) {
-	if err := validDay(q.Day); err != nil {
-		return UsageReport{}, err
-	}
-	// Empty names map to keys no Reserve can create, which read as zero.
-	for _, id := range []string{q.Principal, q.Tier, q.Task} {
-		if id != "" && !validID(id) {
-			return UsageReport{}, fmt.Errorf("%w: principal, tier and task must be 1-128 characters of [A-Za-z0-9_-]", ErrInvalid)
-		}
-	}
-	k := keysFor(q.Day, q.Principal, q.Tier, q.Task)
-	v, err := usageScript.Run(ctx, b.rdb, []string{k.site, k.spend, k.tier, k.principal, k.task, k.res, k.resinfo, k.done},
-		ms(b.now()), dayKeyTTL).Int64Slice()
-	if err != nil {
-		return UsageReport{}, fmt.Errorf("%w: usage: %w", ErrUnavailable, err)
-	}
-	if len(v) != 16 {
-		return UsageReport{}, fmt.Errorf("%w: usage script returned %d values", ErrUnavailable, len(v))
-	}
-	plimit := q.PrincipalLimit
-	if plimit <= 0 {
-		plimit = b.limits.Principal
-	}
-	su := func(i int, limit int64) ScopeUsage {
-		return ScopeUsage{Settled: v[3*i], Outstanding: v[3*i+1], Overage: v[3*i+2], Limit: limit}
-	}
-	rep := UsageReport{Site: su(0, b.limits.Site), Spend: su(1, b.limits.SpendMicro), Tier: su(2, max(q.TierLimit, 0)),
-		Principal: su(3, plimit), Task: su(4, b.limits.Task), Reservations: v[15]}
-	if q.Tier == "" {
-		rep.Tier.Limit = 0
-	}
-	b.m.update(b.limits, rep.Site.Settled+rep.Site.Outstanding, rep.Spend.Settled+rep.Spend.Outstanding, rep.Reservations)
-	return rep, nil
+	PrincipalSpend, TaskSpend          ScopeUsage
+	Reservations, Leases               int64
+	Layout                             int
 }
 
 // refuse turns a refusal into an *ExhaustedError and counts it.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/clocktest"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // clock is a settable clock shared by goroutines.
@@ -41,16 +42,17 @@ const (
 
 // testPrices: a cheap and a dear model (gpt-4o-mini and gpt-4o list
 // prices), a very dear one and a free one.
-var testPrices = Prices{"cheap": {150000, 600000}, "dear": {2500000, 10000000}, "gold": {50000000, 50000000}, "free": {}}
+var testPrices = Prices{"cheap": {InputMicroPerMTok: 150000, OutputMicroPerMTok: 600000}, "dear": {InputMicroPerMTok: 2500000, OutputMicroPerMTok: 10000000}, "gold": {InputMicroPerMTok: 50000000, OutputMicroPerMTok: 50000000}, "free": {}}
 
 // fixture is one Budget on one backend, with its clock and registry.
 type fixture struct {
-	b   *Budget
-	rdb redis.UniversalClient
-	day string // the day check reads
-	clk *clock
-	reg *prometheus.Registry
-	ctx context.Context
+	layout int
+	b      *Budget
+	rdb    redis.UniversalClient
+	day    string // the day check reads
+	clk    *clock
+	reg    *prometheus.Registry
+	ctx    context.Context
 }
 
 func newFixture(t *testing.T, rdb *redis.Client, l Limits) *fixture {
@@ -62,6 +64,51 @@ func newFixture(t *testing.T, rdb *redis.Client, l Limits) *fixture {
 	reg := prometheus.NewRegistry()
 	b := New(rdb, Options{Limits: l, Prices: testPrices, ReservationTTL: time.Minute, Now: clk.Now, Registerer: reg})
 	return &fixture{b: b, rdb: rdb, day: day, clk: clk, reg: reg, ctx: context.Background()}
+}
+
+// conf is one way the conformance cases run: a backend, and the key
+// layout the fixture's day is in (layout 2 reserves every call per call
+// here: leases have tests of their own, lease_test.go).
+type conf struct {
+	rdb    *redis.Client
+	layout int
+}
+
+func (c conf) name() string {
+	if c.layout == layoutDay {
+		return "day-layout"
+	}
+	return "principal-layout"
+}
+
+// fixture is newFixture on c's backend with the day in c's layout: a day
+// of layout 1 is one whose site scope a faregate of that layout wrote
+// first.
+func (c conf) fixture(t *testing.T, l Limits) *fixture {
+	t.Helper()
+	f := newFixture(t, c.rdb, l)
+	f.layout = c.layout
+	if c.layout == layoutDay {
+		f.oldLayout(t, day)
+	}
+	return f
+}
+
+// oldLayout makes d a day that a faregate of layout 1 began.
+func (f *fixture) oldLayout(t *testing.T, d string) {
+	t.Helper()
+	if err := f.rdb.HSet(f.ctx, dayPrefix(d)+"site", "outstanding", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// n is the expected UsageReport.Reservations: the day's open reservations
+// in layout 1, the queried principal's in layout 2.
+func (f *fixture) n(day, principal int64) int64 {
+	if f.layout == layoutDay {
+		return day
+	}
+	return principal
 }
 
 // another is a second Budget (another replica) on the same Redis and clock.
@@ -125,7 +172,7 @@ func (f *fixture) check(t *testing.T, q UsageQuery, want state) {
 func TestConformance(t *testing.T) {
 	cases := []struct {
 		name string
-		run  func(t *testing.T, rdb *redis.Client)
+		run  func(t *testing.T, cf conf)
 	}{
 		{"ReserveSettleArithmetic", testReserveSettle},
 		{"OverageRefusesNext", testOverageRefusesNext},
@@ -149,15 +196,18 @@ func TestConformance(t *testing.T) {
 		{"LedgerPaging", testLedgerPaging},
 	}
 	for _, be := range redistest.Both(t) {
-		t.Run(be.Name, func(t *testing.T) {
-			for _, c := range cases {
-				t.Run(c.name, func(t *testing.T) { c.run(t, be.Client) })
-			}
-		})
+		for _, layout := range []int{layoutDay, layoutPrincipals} {
+			cf := conf{rdb: be.Client, layout: layout}
+			t.Run(be.Name+"/"+cf.name(), func(t *testing.T) {
+				for _, c := range cases {
+					t.Run(c.name, func(t *testing.T) { c.run(t, cf) })
+				}
+			})
+		}
 	}
 }
 
-func testReserveSettle(t *testing.T, rdb *redis.Client) {
+func testReserveSettle(t *testing.T, cf conf) {
 	cases := []struct {
 		name            string
 		reserve, actual int64
@@ -170,7 +220,7 @@ func testReserveSettle(t *testing.T, rdb *redis.Client) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, rdb, Limits{})
+			f := cf.fixture(t, Limits{})
 			r := f.reserve(t, tok(visA, taskOne, c.reserve))
 			held := su{0, c.reserve, 0}
 			q := UsageQuery{Principal: visA, Task: taskOne}
@@ -190,8 +240,9 @@ func testReserveSettle(t *testing.T, rdb *redis.Client) {
 
 // testOverageRefusesNext: a settle that pushes a scope past its limit is
 // recorded as overage, and the scope refuses the next reservation at once.
-func testOverageRefusesNext(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 1000, Principal: 5000, Task: 5000})
+func testOverageRefusesNext(t *testing.T, cf conf) {
+	rdb := cf.rdb
+	f := cf.fixture(t, Limits{Site: 1000, Principal: 5000, Task: 5000})
 	r := f.reserve(t, tok(visA, taskOne, 600))
 	s := f.settle(t, r, 1000, 300)
 	if s.Tokens != 1300 || s.OverageTokens != 700 || s.Late {
@@ -214,8 +265,8 @@ func testOverageRefusesNext(t *testing.T, rdb *redis.Client) {
 }
 
 // testMoney: cost is held and settled with the tokens, to the micro-unit.
-func testMoney(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 100000, Principal: 100000, Task: 100000, SpendMicro: 10000})
+func testMoney(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 100000, Principal: 100000, Task: 100000, SpendMicro: 10000})
 	dear := Request{Day: day, Principal: keyA, Task: taskOne, Model: "dear", PromptTokens: 1000, MaxTokens: 500}
 	r := f.reserve(t, dear)
 	// 1000 × 2.5 + 500 × 10 micro-units.
@@ -263,7 +314,7 @@ func testMoney(t *testing.T, rdb *redis.Client) {
 	}
 }
 
-func testRefusal(t *testing.T, rdb *redis.Client) {
+func testRefusal(t *testing.T, cf conf) {
 	l := Limits{Site: 1000, Principal: 600, Task: 400}
 	tier := func(r Request, limit int64) Request { r.Tier, r.TierLimit = partner, limit; return r }
 	own := func(r Request, limit int64) Request { r.PrincipalLimit = limit; return r }
@@ -287,7 +338,7 @@ func testRefusal(t *testing.T, rdb *redis.Client) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, rdb, l)
+			f := cf.fixture(t, l)
 			for _, r := range c.before {
 				f.reserve(t, r)
 			}
@@ -314,8 +365,8 @@ func testRefusal(t *testing.T, rdb *redis.Client) {
 
 // testTierShare: two principals of one tier together cannot pass the
 // tier's share, while a public principal still can reserve.
-func testTierShare(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 5000, Task: 5000})
+func testTierShare(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 10000, Principal: 5000, Task: 5000})
 	share := int64(3000) // max_site_share 0.3
 	partnerReq := func(p, task string, n int64) Request {
 		return Request{Day: day, Principal: p, PrincipalLimit: 5000, Tier: partner, TierLimit: share, Task: task, PromptTokens: n}
@@ -338,14 +389,19 @@ func testTierShare(t *testing.T, rdb *redis.Client) {
 	}
 	f.reserve(t, Request{Day: day, Principal: visA, Tier: "public", Task: "t_pub", PromptTokens: 5000})
 	f.check(t, UsageQuery{Principal: keyB, Tier: partner, Task: "t_b1"},
-		state{site: su{0, 8000, 0}, tier: su{0, 3000, 0}, principal: su{0, 1000, 0}, task: su{0, 1000, 0}, n: 3})
+		state{site: su{0, 8000, 0}, tier: su{0, 3000, 0}, principal: su{0, 1000, 0}, task: su{0, 1000, 0}, n: f.n(3, 1)})
 	// Settling gives the unused share back to the tier.
 	f.settle(t, r, 400, 0)
 	f.reserve(t, partnerReq(keyA, "t_a2", 600))
 }
 
-func testKeys(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{})
+func testKeys(t *testing.T, cf conf) {
+	if cf.layout == layoutPrincipals {
+		testPrincipalKeys(t, cf)
+		return
+	}
+	rdb := cf.rdb
+	f := cf.fixture(t, Limits{})
 	r := f.reserve(t, Request{Day: day, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskOne, Model: "cheap", PromptTokens: 200, MaxTokens: 50})
 	p := "faregate:budget:{2026-08-31}:"
 	keysNow := func() []string {
@@ -368,7 +424,11 @@ func testKeys(t *testing.T, rdb *redis.Client) {
 	}
 	// 200 × 0.15 + 50 × 0.6 = 60 micro-units.
 	for k, v := range map[string]string{p + "site": "250", p + "spend": "60", p + "p:" + keyA: "250", p + "tier:" + partner: "250", p + "task:" + taskOne: "250"} {
-		if h := rdb.HGetAll(f.ctx, k).Val(); h["outstanding"] != v || len(h) != 1 {
+		h := rdb.HGetAll(f.ctx, k).Val()
+		if k == p+"site" && h["layout"] == "1" {
+			delete(h, "layout") // the day's layout, decided once
+		}
+		if h["outstanding"] != v || len(h) != 1 {
 			t.Errorf("%s = %v; want outstanding %s only", k, h, v)
 		}
 	}
@@ -404,12 +464,12 @@ func testKeys(t *testing.T, rdb *redis.Client) {
 	}
 	// A scope the reserve held nothing in (a free model's spend) and the
 	// settle charges (priced meanwhile by a reload) gets its expiry there.
-	g := newFixture(t, rdb, Limits{})
+	g := cf.fixture(t, Limits{})
 	fr := g.reserve(t, Request{Day: day, Principal: keyA, Task: taskOne, Model: "free", PromptTokens: 200, MaxTokens: 50})
 	if n := rdb.Exists(g.ctx, p+"spend").Val(); n != 0 {
 		t.Fatalf("a free reserve made the spend scope")
 	}
-	g.b.SetPrices(Prices{"free": {1_000_000, 1_000_000}})
+	g.b.SetPrices(Prices{"free": {InputMicroPerMTok: 1_000_000, OutputMicroPerMTok: 1_000_000}})
 	g.settle(t, fr, 100, 20)
 	if ttl := rdb.TTL(g.ctx, p+"spend").Val(); ttl <= 172790*time.Second || ttl > 172800*time.Second {
 		t.Errorf("TTL spend made by a settle = %v; want 172800s", ttl)
@@ -417,8 +477,8 @@ func testKeys(t *testing.T, rdb *redis.Client) {
 }
 
 // testReserveIdempotent: the same reservation id sent twice holds once.
-func testReserveIdempotent(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{})
+func testReserveIdempotent(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{})
 	req := Request{ID: "r_fixed", Day: day, Principal: keyA, Task: taskOne, Model: "dear", PromptTokens: 100, MaxTokens: 100}
 	first := f.reserve(t, req)
 	again := f.reserve(t, req)
@@ -438,17 +498,17 @@ func testReserveIdempotent(t *testing.T, rdb *redis.Client) {
 		t.Fatalf("reserve of a settled id = %v; want ErrInvalid", err)
 	}
 	f.check(t, UsageQuery{Principal: keyA, Task: taskOne}, state{site: su{150, 0, 0}, spend: su{750, 0, 0}, principal: su{150, 0, 0}, task: su{150, 0, 0}})
-	// Generated ids are 128 random bits and distinct.
+	// Generated ids are 128 random bits (r and 32 hex digits) and distinct.
 	a, b := f.reserve(t, tok(keyA, taskTwo, 1)), f.reserve(t, tok(keyA, taskTwo, 1))
-	if a.ID == b.ID || len(a.ID) != 27 {
+	if a.ID == b.ID || len(a.ID) != 33 {
 		t.Fatalf("generated ids %q %q", a.ID, b.ID)
 	}
 }
 
 // testSettleIdempotent: a settle sent twice charges once and answers the
 // first settlement again, whatever the second one says.
-func testSettleIdempotent(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000})
+func testSettleIdempotent(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 10000})
 	r := f.reserve(t, Request{Day: day, Principal: visA, Task: taskOne, Model: "cheap", PromptTokens: 400, MaxTokens: 100})
 	first := f.settle(t, r, 300, 400) // 300 over the 500 held
 	for _, actual := range [][2]int64{{300, 400}, {0, 0}, {9000, 9000}} {
@@ -468,7 +528,7 @@ func testSettleIdempotent(t *testing.T, rdb *redis.Client) {
 	f.check(t, UsageQuery{Principal: visA, Task: taskOne}, state{site: done, spend: su{285, 0, 165}, principal: done, task: done})
 }
 
-func testAltered(t *testing.T, rdb *redis.Client) {
+func testAltered(t *testing.T, cf conf) {
 	cases := []struct {
 		name  string
 		alter func(*Reservation)
@@ -484,7 +544,7 @@ func testAltered(t *testing.T, rdb *redis.Client) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, rdb, Limits{})
+			f := cf.fixture(t, Limits{})
 			r := f.reserve(t, Request{Day: day, Principal: visA, Tier: partner, Task: taskOne, Model: "dear", PromptTokens: 400, MaxTokens: 100})
 			bad := r
 			c.alter(&bad)
@@ -500,8 +560,8 @@ func testAltered(t *testing.T, rdb *redis.Client) {
 
 // testExpiry: an expired reservation comes back once; its late settle is
 // charged in full as overage.
-func testExpiry(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 1000, Principal: 1000, Task: 1000})
+func testExpiry(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 1000, Principal: 1000, Task: 1000})
 	r := f.reserve(t, tok(visA, taskOne, 1000))
 	if _, err := f.b.Reserve(f.ctx, tok(visA, taskOne, 1)); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("reserve over a full budget = %v", err)
@@ -535,8 +595,8 @@ func testExpiry(t *testing.T, rdb *redis.Client) {
 // testReleaseTask: the reaper of a lapsed lease gives back a task's open
 // reservations at once in every scope; a settle that arrives later is
 // charged in full as overage, once.
-func testReleaseTask(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{SpendMicro: 1000000})
+func testReleaseTask(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{SpendMicro: 1000000})
 	lost := func(n int64) Request {
 		return Request{Day: day, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskOne, Model: "dear", PromptTokens: n, MaxTokens: 100}
 	}
@@ -547,12 +607,12 @@ func testReleaseTask(t *testing.T, rdb *redis.Client) {
 	// 200 + 400 tokens costing 1250 + 1750 micro-units, and the kept 50 (8).
 	f.check(t, q, state{site: su{0, 650, 0}, spend: su{0, 3008, 0}, tier: su{0, 650, 0}, principal: su{0, 650, 0}, task: su{0, 600, 0}, n: 3})
 
-	n, err := f.b.ReleaseTask(f.ctx, day, taskOne)
+	n, err := f.b.ReleaseTask(f.ctx, day, keyA, taskOne)
 	if err != nil || n != 2 {
 		t.Fatalf("ReleaseTask = %d, %v; want 2", n, err)
 	}
 	f.check(t, q, state{site: su{0, 50, 0}, spend: su{0, 8, 0}, tier: su{0, 50, 0}, principal: su{0, 50, 0}, n: 1})
-	if n, err := f.b.ReleaseTask(f.ctx, day, taskOne); n != 0 || err != nil {
+	if n, err := f.b.ReleaseTask(f.ctx, day, keyA, taskOne); n != 0 || err != nil {
 		t.Fatalf("second ReleaseTask = %d, %v; want 0", n, err)
 	}
 
@@ -580,8 +640,9 @@ func testReleaseTask(t *testing.T, rdb *redis.Client) {
 	}
 }
 
-func testConcurrentReapers(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 100000, Principal: 100000, Task: 100000})
+func testConcurrentReapers(t *testing.T, cf conf) {
+	rdb := cf.rdb
+	f := cf.fixture(t, Limits{Site: 100000, Principal: 100000, Task: 100000})
 	// 40 reservations over 4 principals and 8 tasks that will expire together.
 	ps := []string{visA, visB, keyA, keyB}
 	var want int64
@@ -610,7 +671,7 @@ func testConcurrentReapers(t *testing.T, rdb *redis.Client) {
 			case 1:
 				err = b.CanAfford(f.ctx, AffordRequest{Day: day, Principal: ps[i%4], Tokens: 1})
 			case 2:
-				_, err = b.ReleaseTask(f.ctx, day, "t_none")
+				_, err = b.ReleaseTask(f.ctx, day, visA, "t_none")
 			default:
 				_, err = b.Settle(f.ctx, Reservation{ID: "rnone", Day: day, Principal: visA, Task: taskOne, Tokens: 1}, 1, 0)
 				if errors.Is(err, ErrUnknownReservation) {
@@ -631,26 +692,35 @@ func testConcurrentReapers(t *testing.T, rdb *redis.Client) {
 	f.check(t, UsageQuery{Principal: visA, Task: "t_kept"},
 		state{site: su{200, 777, 0}, principal: su{200, 777, 0}, task: su{0, 777, 0}, n: 1})
 	for _, p := range ps[1:] {
-		f.check(t, UsageQuery{Principal: p, Tier: partner, Task: "t_1"}, state{site: su{200, 777, 0}, n: 1})
+		f.check(t, UsageQuery{Principal: p, Tier: partner, Task: "t_1"}, state{site: su{200, 777, 0}, n: f.n(1, 0)})
 	}
 	for i := range 8 {
-		f.check(t, UsageQuery{Principal: visB, Task: fmt.Sprintf("t_%d", i)}, state{site: su{200, 777, 0}, n: 1})
+		f.check(t, UsageQuery{Principal: visB, Task: fmt.Sprintf("t_%d", i)}, state{site: su{200, 777, 0}, n: f.n(1, 0)})
 		if n := rdb.SCard(f.ctx, "faregate:budget:{"+day+"}:taskres:"+fmt.Sprintf("t_%d", i)).Val(); n != 0 {
 			t.Fatalf("taskres of t_%d still holds %d ids", i, n)
 		}
 	}
+	// Every reservation ended once: 40 given back, 1 settled (in layout 2
+	// once in its principal's slot and once in the day's).
+	dones := []string{"faregate:budget:{" + day + "}:done"}
+	if f.layout == layoutPrincipals {
+		dones = rdb.Keys(f.ctx, "faregate:budget:{"+day+":b*}:done").Val()
+		dones = append(dones, dayPrefix(day)+"ddone")
+	}
 	var ended int
-	for _, id := range rdb.HKeys(f.ctx, "faregate:budget:{"+day+"}:done").Val() {
-		if !strings.HasPrefix(id, "op:") { // ReleaseTask's own records
-			ended++
+	for _, k := range dones {
+		for _, id := range rdb.HKeys(f.ctx, k).Val() {
+			if !strings.HasPrefix(id, "op:") { // ReleaseTask's own records
+				ended++
+			}
 		}
 	}
-	if ended != 41 {
-		t.Fatalf("done records %d reservations; want 40 given back + 1 settled", ended)
+	if want := f.n(41, 82); ended != int(want) {
+		t.Fatalf("done records %d reservations; want %d (40 given back + 1 settled)", ended, want)
 	}
 }
 
-func testCanAfford(t *testing.T, rdb *redis.Client) {
+func testCanAfford(t *testing.T, cf conf) {
 	l := Limits{Site: 1000, Principal: 500, Task: 100, SpendMicro: 5000}
 	// fill spends n×100 tokens of a principal, one task per 100 (task ids
 	// are unique across principals, as the real ones are).
@@ -682,7 +752,7 @@ func testCanAfford(t *testing.T, rdb *redis.Client) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, rdb, l)
+			f := cf.fixture(t, l)
 			for _, r := range c.before {
 				f.reserve(t, r)
 			}
@@ -709,8 +779,8 @@ func testCanAfford(t *testing.T, rdb *redis.Client) {
 
 // testWarningOnce: the 80% crossing of each daily scope is reported once,
 // to whichever replica's operation made it, and never again that day.
-func testWarningOnce(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 5000, Task: 10000, SpendMicro: 10000})
+func testWarningOnce(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 10000, Principal: 5000, Task: 10000, SpendMicro: 10000})
 	b1, b2 := f.b, f.another()
 	warned := func(ws []ScopeEvent) string {
 		var s []string
@@ -766,8 +836,8 @@ func testWarningOnce(t *testing.T, rdb *redis.Client) {
 
 // testWarningConcurrent: many reservations from two replicas race past
 // 80%; exactly one of them reports the site's crossing.
-func testWarningConcurrent(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 10000, Task: 10000})
+func testWarningConcurrent(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 10000, Principal: 10000, Task: 10000})
 	bs := []*Budget{f.b, f.another()}
 	var warnings, granted atomic.Int64
 	var wg sync.WaitGroup
@@ -796,8 +866,8 @@ func testWarningConcurrent(t *testing.T, rdb *redis.Client) {
 
 // testExhaustedFirst: the first refusal of a daily scope is marked once
 // across replicas; the task scope never is.
-func testExhaustedFirst(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 100, Principal: 100, Task: 50})
+func testExhaustedFirst(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 100, Principal: 100, Task: 50})
 	f.reserve(t, tok(visA, taskOne, 50))
 	f.reserve(t, tok(visB, taskTwo, 50))
 	var ex *ExhaustedError
@@ -827,8 +897,8 @@ func testExhaustedFirst(t *testing.T, rdb *redis.Client) {
 // back in every scope, and the warning or exhaustion it was first to see
 // is reported by the next reserve that crosses, still once. A settled
 // reservation is not withdrawn; a second withdraw finds nothing.
-func testWithdraw(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000, Principal: 5000, Task: 10000})
+func testWithdraw(t *testing.T, cf conf) {
+	f := cf.fixture(t, Limits{Site: 10000, Principal: 5000, Task: 10000})
 	q := UsageQuery{Principal: keyA, Task: taskOne}
 	f.reserve(t, tok(keyA, taskOne, 3000))
 	// keyA to 4000 of 5000: the principal's crossing, then withdrawn.
@@ -882,14 +952,15 @@ func testWithdraw(t *testing.T, rdb *redis.Client) {
 	if back, err := f.b.Withdraw(f.ctx, done); err != nil || back {
 		t.Fatalf("withdraw after settle = %v, %v", back, err)
 	}
-	f.check(t, UsageQuery{Principal: visB, Task: taskTwo}, state{site: su{1010, 4001, 1000}, principal: su{10, 0, 0}, task: su{10, 0, 0}, n: 3})
+	f.check(t, UsageQuery{Principal: visB, Task: taskTwo}, state{site: su{1010, 4001, 1000}, principal: su{10, 0, 0}, task: su{10, 0, 0}, n: f.n(3, 0)})
 	if _, err := f.b.Withdraw(f.ctx, Request{Day: day, Principal: keyA, Task: taskOne, ID: "bad id"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("withdraw with a bad id = %v", err)
 	}
 }
 
-func testMetrics(t *testing.T, rdb *redis.Client) {
-	f := newFixture(t, rdb, Limits{Site: 10000, SpendMicro: 100000})
+func testMetrics(t *testing.T, cf conf) {
+	rdb := cf.rdb
+	f := cf.fixture(t, Limits{Site: 10000, SpendMicro: 100000})
 	r := f.reserve(t, Request{Day: day, Principal: visA, Task: taskOne, Model: "dear", PromptTokens: 2000, MaxTokens: 1000}) // 15000 micro
 	f.reserve(t, tok(visB, taskTwo, 1000))
 	if got := testutil.ToFloat64(f.b.m.siteRemaining); got != 6000 {
@@ -951,7 +1022,7 @@ func TestUnavailable(t *testing.T) {
 			return err
 		}},
 		{"settle", func() error { _, err := b.Settle(ctx, r, 5, 0); return err }},
-		{"release", func() error { _, err := b.ReleaseTask(ctx, day, taskOne); return err }},
+		{"release", func() error { _, err := b.ReleaseTask(ctx, day, keyA, taskOne); return err }},
 		{"can afford", func() error { return b.CanAfford(ctx, AffordRequest{Day: day, Principal: visA, Tokens: 10}) }},
 		{"usage", func() error { _, err := b.Usage(ctx, UsageQuery{Day: day, Principal: visA, Task: taskOne}); return err }},
 	}
@@ -1015,7 +1086,7 @@ func TestInvalid(t *testing.T) {
 		{"colon in principal", reserve(func(r *Request) { r.Principal = "a:site" })},
 		{"settle without id", func() error { g := good; g.ID = ""; _, err := b.Settle(ctx, g, 1, 0); return err }},
 		{"can afford zero", func() error { return b.CanAfford(ctx, AffordRequest{Day: day, Principal: visA}) }},
-		{"release bad task", func() error { _, err := b.ReleaseTask(ctx, day, "t x"); return err }},
+		{"release bad task", func() error { _, err := b.ReleaseTask(ctx, day, keyA, "t x"); return err }},
 		{"usage bad task", func() error { _, err := b.Usage(ctx, UsageQuery{Day: day, Principal: visA, Task: "a b"}); return err }},
 	}
 	for _, c := range cases {
@@ -1047,5 +1118,77 @@ func TestDay(t *testing.T) {
 				t.Fatalf("untilMidnight = %v; want %v", got, c.until)
 			}
 		})
+	}
+}
+
+// testPrincipalKeys: layout 2 keeps a principal's and its task's scopes
+// and their reservation in the principal's bucket slot, and the day's
+// scopes (here held per call, leasing off) in the day's, every key
+// expiring with the day's two days.
+func testPrincipalKeys(t *testing.T, cf conf) {
+	rdb := cf.rdb
+	f := cf.fixture(t, Limits{})
+	r := f.reserve(t, Request{Day: day, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskOne, Model: "cheap", PromptTokens: 200, MaxTokens: 50})
+	b, d := bucketPrefix(day, keyA), dayPrefix(day)
+	if b != "faregate:budget:{2026-08-31:b"+bucketHex(bucketOf(keyA))+"}:" {
+		t.Fatalf("bucket prefix %q", b)
+	}
+	exp := strconv.FormatInt(start.Add(time.Minute).UnixMilli(), 10)
+	hashes := func(want map[string]map[string]string) {
+		t.Helper()
+		got, err := rdb.Keys(f.ctx, "*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for k := range want {
+			names = append(names, k)
+		}
+		sort.Strings(got)
+		sort.Strings(names)
+		if !reflect.DeepEqual(got, names) {
+			t.Fatalf("keys = %v\nwant %v", got, names)
+		}
+		for k, w := range want {
+			if w == nil {
+				continue
+			}
+			if ttl := rdb.TTL(f.ctx, k).Val(); ttl <= 172790*time.Second || ttl > 172800*time.Second {
+				t.Errorf("TTL %s = %v; want 172800s", k, ttl)
+			}
+			if h := rdb.HGetAll(f.ctx, k).Val(); !reflect.DeepEqual(h, w) {
+				t.Errorf("%s = %v\nwant %v", k, h, w)
+			}
+		}
+	}
+	// 200 × 0.15 + 50 × 0.6 = 60 micro-units, held in money by the
+	// principal and the task too.
+	held := map[string]string{"outstanding": "250", "moutstanding": "60"}
+	hashes(map[string]map[string]string{
+		b + "p:" + keyA:       held,
+		b + "task:" + taskOne: held,
+		b + "res":             {r.ID: exp + "|250|60|" + keyA + "|partner|" + taskOne + "|cheap", "~next": exp},
+		d + "site":            {"layout": "2", "outstanding": "250"},
+		d + "spend":           {"outstanding": "60"},
+		d + "tier:" + partner: {"outstanding": "250"},
+		d + "dres":            {r.ID: exp + "|250|60|partner|" + keyA + "|" + taskOne + "|cheap", "~next": exp},
+	})
+	f.settle(t, r, 100, 20) // 120 tokens, 27 micro-units
+	done := map[string]string{"settled": "120", "outstanding": "0", "msettled": "27", "moutstanding": "0"}
+	hashes(map[string]map[string]string{
+		b + "p:" + keyA:        done,
+		b + "task:" + taskOne:  done,
+		b + "res":              {"~next": exp}, // its earliest expiry, stale until the next reap
+		b + "done":             {r.ID: "S|120|27|0|0|0|250|60|" + keyA + "|partner|" + taskOne + "|cheap"},
+		d + "site":             {"layout": "2", "settled": "120", "outstanding": "0"},
+		d + "spend":            {"settled": "27", "outstanding": "0"},
+		d + "tier:" + partner:  {"settled": "120", "outstanding": "0"},
+		d + "dres":             {"~next": exp},
+		d + "ddone":            {r.ID: "S|120|27|0|0|0|250|60|partner|" + keyA + "|" + taskOne + "|cheap"},
+		UsageKey(day):          nil, // the direct charge's record (ledger_test.go)
+		sumsKey(UsageKey(day)): nil, // its counters (luaLedger)
+	})
+	if ttl := rdb.TTL(f.ctx, UsageKey(day)).Val(); ttl < 8*24*time.Hour-time.Minute {
+		t.Errorf("TTL of the day's stream = %v; want 8 days", ttl)
 	}
 }

@@ -13,24 +13,56 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
-// TestInvariantUnderConcurrency runs on a real Redis: 300 goroutines
-// reserve random calls of two models at different prices against two
-// budgets on separate keys (two days): one bound by tokens (a site budget
-// of 400000 tokens, and a tier share of 150000), one bound by money
-// (1200000 micro-units, tokens unbounded), so each cap is reached on its
-// own however the machine schedules the workers. They settle below the
-// hold, above it (overage), after ReleaseTask gave the hold back (late), or
-// abandon the reservation to expiry. A checker samples both budgets' site
-// token and spend hashes in one MULTI/EXEC (so each sample is atomic) and
-// asserts settled + outstanding − overage ≤ limit in all four. At the end
-// every token and micro-unit the settles reported is in Redis exactly once.
+// TestInvariantUnderConcurrency runs on a real Redis, three ways: one
+// replica reserving every call in the day's slot; two replicas (two
+// Budgets) with leased blocks on one redis-server; and the same on the
+// 3-master test cluster. 300 goroutines reserve random calls of two
+// models at different prices against two budgets on separate keys (two
+// days): one bound by tokens (a site budget of 400000 tokens, and a tier
+// share of 150000), one bound by money (1200000 micro-units, tokens
+// unbounded), so each cap is reached on its own however the machine
+// schedules the workers. They settle below the hold, above it (overage),
+// after ReleaseTask gave the hold back (late), or abandon the reservation
+// to expiry. A checker samples each budget's site token and spend hashes
+// in one MULTI/EXEC (so each sample is atomic; the day's scopes share a
+// slot) and asserts settled + outstanding − overage ≤ limit in all four:
+// leased blocks are outstanding, so the invariant holds whatever the
+// replicas hold unspent. Once the replicas give their leases back, every
+// token and micro-unit the settles reported is in Redis exactly once.
 func TestInvariantUnderConcurrency(t *testing.T) {
-	be := redistest.Real(t)
-	rdb := be.Client
-	probe := be.Probe(t)
+	modes := []struct {
+		name    string
+		leases  bool
+		cluster bool
+	}{
+		{"per-call", false, false},
+		{"leased-two-replicas", true, false},
+		{"leased-two-replicas-cluster", true, true},
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			var rdb, probe redis.UniversalClient
+			if m.cluster {
+				redistest.WantCluster(t, false)
+				cl := redistest.SharedCluster(t)
+				rdb, probe = cl.Client(t), cl.Client(t)
+			} else {
+				be := redistest.Real(t)
+				if err := be.Client.FlushDB(context.Background()).Err(); err != nil {
+					t.Fatal(err)
+				}
+				rdb, probe = be.Client, be.Probe(t)
+			}
+			invariantUnderConcurrency(t, rdb, probe, m.leases)
+		})
+	}
+}
+
+func invariantUnderConcurrency(t *testing.T, rdb, probe redis.UniversalClient, leases bool) {
 	ctx := context.Background()
 	const (
 		siteLimit  = 400000
@@ -42,11 +74,25 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 	)
 	models := []string{"cheap", "dear"}
 	clk := newClock(start)
-	// byTokens (index 0) and bySpend (1), each on its own day's keys.
+	// byTokens (index 0) and bySpend (1), each on its own day's keys, each
+	// served by two replicas with leases (one without).
 	days := [2]string{day, "2026-09-01"}
-	budgets := [2]*Budget{
-		New(rdb, Options{Limits: Limits{Site: siteLimit, Principal: 1 << 40, Task: 1 << 40}, Prices: testPrices, Now: clk.Now}),
-		New(rdb, Options{Limits: Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40, SpendMicro: spendLimit}, Prices: testPrices, Now: clk.Now}),
+	limits := [2]Limits{{Site: siteLimit, Principal: 1 << 40, Task: 1 << 40},
+		{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40, SpendMicro: spendLimit}}
+	var replicas [2][]*Budget
+	for bi, l := range limits {
+		o := Options{Limits: l, Prices: testPrices, Now: clk.Now}
+		n := 1
+		if leases {
+			// Short enough that the replicas' loops sweep abandoned holds
+			// and give idle blocks back while the test runs.
+			o.Lease, n = LeaseOptions{Calls: DefaultLeaseCalls, TTL: 2 * time.Second, Idle: 300 * time.Millisecond}, 2
+		}
+		for range n {
+			b := New(rdb, o)
+			t.Cleanup(func() { _ = b.Close(context.Background()) })
+			replicas[bi] = append(replicas[bi], b)
+		}
 	}
 
 	// What the settles reported, per principal: tokens, micro-units and
@@ -77,7 +123,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 		}
 		return 0
 	}
-	ks := [2]keys{keysFor(days[0], "", "", ""), keysFor(days[1], "", "", "")}
+	ks := [2][2]string{{dayPrefix(days[0]) + "site", dayPrefix(days[0]) + "spend"}, {dayPrefix(days[1]) + "site", dayPrefix(days[1]) + "spend"}}
 
 	// The checker samples until the workers are done. Violations are
 	// counted, not sent: a broken invariant shows in every later sample,
@@ -98,14 +144,17 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 				return
 			default:
 			}
+			// One MULTI per day: its site and spend share the day's slot.
 			var hashes [4]*redis.SliceCmd
-			_, err := probe.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				for i, k := range ks {
-					hashes[2*i] = p.HMGet(ctx, k.site, "settled", "outstanding", "overage")
-					hashes[2*i+1] = p.HMGet(ctx, k.spend, "settled", "outstanding", "overage")
-				}
-				return nil
-			})
+			var err error
+			for i, k := range ks {
+				_, e := probe.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					hashes[2*i] = p.HMGet(ctx, k[0], "settled", "outstanding", "overage")
+					hashes[2*i+1] = p.HMGet(ctx, k[1], "settled", "outstanding", "overage")
+					return nil
+				})
+				err = errors.Join(err, e)
+			}
 			if err != nil {
 				s.n = -1
 				checked <- s
@@ -136,7 +185,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 42))
 			bi := w % 2
-			b := budgets[bi]
+			b := replicas[bi][(w/2)%len(replicas[bi])]
 			pi := (w / 2) % principals
 			req := Request{Day: days[bi], Principal: "v_" + strconv.Itoa(pi), Task: "t_" + strconv.Itoa(w)}
 			if bi == 0 && pi%2 == 1 {
@@ -168,7 +217,7 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 					continue
 				case n < 13:
 					// The lease lapsed: the reaper gives the hold back first.
-					if _, err := b.ReleaseTask(ctx, req.Day, req.Task); err != nil {
+					if _, err := b.ReleaseTask(ctx, req.Day, req.Principal, req.Task); err != nil {
 						failures <- err
 						return
 					}
@@ -218,8 +267,19 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 	}
 
 	// Past every reservation's expiry nothing is outstanding, and what was
-	// settled is exactly what the settles reported, overage included.
+	// settled is exactly what the settles reported, overage included. The
+	// replicas give back what abandoned reservations held in their blocks
+	// (their loops sweep them), then their leases, reporting every charge.
 	clk.Advance(DefaultReservationTTL + time.Second)
+	for _, bs := range replicas {
+		for _, b := range bs {
+			clocktest.Eventually(t, 10*time.Second, "abandoned leased holds swept", func() bool { return !b.open.anyLeased() })
+			if err := b.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	budgets := [2]*Budget{replicas[0][0], replicas[1][0]}
 	var reps [2]UsageReport
 	for bi, b := range budgets {
 		var tokens, cost, overTok, overCost int64
@@ -244,7 +304,13 @@ func TestInvariantUnderConcurrency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Site.Settled != tokens || rep.Site.Overage != overTok || rep.Spend.Settled != cost || rep.Spend.Overage != overCost {
+		// A leased block absorbs a call's excess while it has room: the
+		// day's scopes record as overage only what passed the blocks.
+		overOK := rep.Site.Overage == overTok && rep.Spend.Overage == overCost
+		if leases {
+			overOK = rep.Site.Overage <= overTok && rep.Spend.Overage <= overCost
+		}
+		if rep.Site.Settled != tokens || rep.Spend.Settled != cost || !overOK {
 			t.Fatalf("budget %d: site %+v spend %+v; settles reported %d tokens (%d over), %d micro-units (%d over)",
 				bi, rep.Site, rep.Spend, tokens, overTok, cost, overCost)
 		}

@@ -11,6 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+
+	"faregate/protect/codes"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // ledgerEntries are three calls of two principals on two models.
@@ -23,7 +26,8 @@ var ledgerEntries = []Entry{
 		CostMicro: 1, LatencyMS: 40, Outcome: OutcomeOK},
 }
 
-func testLedger(t *testing.T, rdb *redis.Client) {
+func testLedger(t *testing.T, cf conf) {
+	rdb := cf.rdb
 	ctx := context.Background()
 	if err := rdb.FlushDB(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -49,9 +53,11 @@ func testLedger(t *testing.T, rdb *redis.Client) {
 	if len(msgs) != 3 {
 		t.Fatalf("stream = %v", msgs)
 	}
-	want := map[string]any{"task": "t_1", "model": "gpt-x", "principal": keyA, "request_id": "req-1", "prompt_tokens": "200",
-		"completion_tokens": "300", "reserved": "250", "cost_micro": "2000000", "overage_tokens": "250",
-		"overage_cost_micro": "1000000", "latency_ms": "30000", "outcome": "timeout", "estimated": "1"}
+	want := map[string]any{"task": "t_1", "model": "gpt-x", "principal": keyA, "tier": "", "request_id": "req-1", "prompt_tokens": "200",
+		"completion_tokens": "300", "reasoning_tokens": "0", "cache_creation_input_tokens": "0", "cache_read_input_tokens": "0",
+		"reserved": "250", "cost_micro": "2000000", "overage_tokens": "250",
+		"overage_cost_micro": "1000000", "latency_ms": "30000", "outcome": "timeout", "status": "0", "estimated": "1",
+		"usage_raw": "", "implausible": "0", "reservation": "", "seq": "2"}
 	if !reflect.DeepEqual(msgs[1].Values, want) {
 		t.Fatalf("entry = %v\nwant %v", msgs[1].Values, want)
 	}
@@ -89,10 +95,10 @@ func testLedger(t *testing.T, rdb *redis.Client) {
 		t.Fatal(err)
 	}
 	wantTable := strings.Join([]string{
-		"MODEL               CALLS  ERRORS  ESTIMATED  PROMPT  COMPLETION  TOTAL  RESERVED  COST      OVERAGE  OVERAGE_COST",
-		"alpha               1      0       0          10      5           15     100       0.000001  0        0.000000",
-		"gpt-x               2      1       1          300     350         650    650       3.234567  250      1.000000",
-		"total (2026-08-31)  3      1       1          310     355         665    750       3.234568  250      1.000000",
+		"MODEL               CALLS  ERRORS  CUT  ESTIMATED  PROMPT  COMPLETION  TOTAL  RESERVED  COST      OVERAGE  OVERAGE_COST",
+		"alpha               1      0       0    0          10      5           15     100       0.000001  0        0.000000",
+		"gpt-x               2      1       0    1          300     350         650    650       3.234567  250      1.000000",
+		"total (2026-08-31)  3      1       0    1          310     355         665    750       3.234568  250      1.000000",
 		"",
 	}, "\n")
 	if buf.String() != wantTable {
@@ -103,9 +109,9 @@ func testLedger(t *testing.T, rdb *redis.Client) {
 		t.Fatal(err)
 	}
 	wantCSV := strings.Join([]string{
-		"day,principal,calls,errors,estimated_calls,prompt_tokens,completion_tokens,total_tokens,reserved_tokens,cost,overage_tokens,overage_cost",
-		"2026-08-31,k_acme,2,1,1,300,350,650,650,3.234567,250,1.000000",
-		"2026-08-31," + visA + ",1,0,0,10,5,15,100,0.000001,0,0.000000",
+		"day,principal,calls,errors,cut_calls,estimated_calls,prompt_tokens,completion_tokens,total_tokens,reserved_tokens,cost,overage_tokens,overage_cost",
+		"2026-08-31,k_acme,2,1,0,1,300,350,650,650,3.234567,250,1.000000",
+		"2026-08-31," + visA + ",1,0,0,0,10,5,15,100,0.000001,0,0.000000",
 		"",
 	}, "\n")
 	if buf.String() != wantCSV {
@@ -163,7 +169,8 @@ func testLedger(t *testing.T, rdb *redis.Client) {
 }
 
 // testLedgerPaging sums more entries than one XRANGE page holds.
-func testLedgerPaging(t *testing.T, rdb *redis.Client) {
+func testLedgerPaging(t *testing.T, cf conf) {
+	rdb := cf.rdb
 	ctx := context.Background()
 	if err := rdb.FlushDB(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -193,6 +200,37 @@ func testLedgerPaging(t *testing.T, rdb *redis.Client) {
 	want := Total{Key: keyA, Calls: n + 1, PromptTokens: 2 * (n + 1), CompletionTokens: n + 1, Reserved: 3 * (n + 1), CostMicro: 5 * (n + 1)}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("totals = %+v; want %+v", got, want)
+	}
+}
+
+// TestLedgerCutCalls: a call cut at its budget or as a loop answered
+// what passed and is charged for it: it counts under CUT, not under
+// ERRORS (both read 2 errors before).
+func TestLedgerCutCalls(t *testing.T) {
+	ctx := context.Background()
+	l := NewLedger(redistest.Mini(t).Client, newClock(start).Now)
+	for _, outcome := range []string{OutcomeOK, codes.OutputTruncated, codes.OutputLoop, "error", "timeout"} {
+		if err := l.Append(ctx, Entry{Task: "t_1", Model: "m", Principal: keyA, PromptTokens: 1, Outcome: outcome}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := l.Totals(ctx, day, ByModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Total{{Key: "m", Calls: 5, Errors: 2, Cut: 2, PromptTokens: 5}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("totals = %+v\nwant %+v", got, want)
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, day, ByModel, got); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(buf.String(), "\n"); !strings.HasPrefix(lines[1], "m                   5      2       2    0  ") {
+		t.Fatalf("table:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := WriteCSV(&buf, day, ByModel, got); err != nil || !strings.Contains(buf.String(), "\n"+day+",m,5,2,2,0,5,") {
+		t.Fatalf("csv:\n%s (%v)", buf.String(), err)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestLostReplyAppliedOnce: a reserve, settle or release whose reply is
@@ -63,7 +63,7 @@ func TestLostReplyAppliedOnce(t *testing.T) {
 			// Load every script on every node first, so each armed EVALSHA
 			// below runs (no NOSCRIPT, no EVAL fallback).
 			load := func(ctx context.Context, c *redis.Client) error {
-				for _, s := range []*redis.Script{reserveScript, settleScript, releaseScript, canAffordScript, usageScript} {
+				for _, s := range []*redis.Script{batchScript, reserveScript, settleScript, releaseScript, canAffordScript, usageScript} {
 					if err := s.Load(ctx, c).Err(); err != nil {
 						return err
 					}
@@ -99,6 +99,10 @@ func TestLostReplyAppliedOnce(t *testing.T) {
 				}
 			}
 
+			// The day's layout is asked once per replica: before the faults.
+			if _, err := b.Usage(ctx, UsageQuery{Day: d}); err != nil {
+				t.Fatal(err)
+			}
 			req := Request{Day: d, Principal: keyA, Tier: partner, TierLimit: 100000, Task: taskOne, Model: "dear", PromptTokens: 100, MaxTokens: 100}
 			q := UsageQuery{Principal: keyA, Tier: partner, Task: taskOne}
 			var r Reservation
@@ -114,7 +118,7 @@ func TestLostReplyAppliedOnce(t *testing.T) {
 				s, err = b.SettleCall(ctx, r, Call{PromptTokens: 100, CompletionTokens: 150, Ledger: entry})
 				return err
 			})
-			if n := plain.XLen(ctx, UsageKey(d)).Val(); n != 1 {
+			if n := plain.XLen(ctx, StreamOf(d, keyA)).Val(); n != 1 {
 				t.Fatalf("ledger after a lost settle reply: %d lines; want 1", n)
 			}
 			want := Settlement{Tokens: 250, CostMicro: 1750, OverageTokens: 50, OverageCostMicro: 500}
@@ -132,7 +136,7 @@ func TestLostReplyAppliedOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			var released int64
-			lose(func() (err error) { released, err = b.ReleaseTask(ctx, d, taskOne); return err })
+			lose(func() (err error) { released, err = b.ReleaseTask(ctx, d, keyA, taskOne); return err })
 			if released != 1 {
 				t.Fatalf("ReleaseTask after a lost reply = %d; want the first answer, 1", released)
 			}

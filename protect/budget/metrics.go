@@ -3,7 +3,7 @@ package budget
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"faregate/protect/promreg"
+	"faregate/protect/kit/promreg"
 )
 
 // metrics are the budget's Prometheus series. The gauges are refreshed
@@ -18,6 +18,7 @@ type metrics struct {
 	overageSpend   *prometheus.CounterVec
 	settleRetries  prometheus.Counter
 	implausible    prometheus.Counter
+	batches        prometheus.Histogram
 }
 
 // Overage causes: the provider reported more than the hold (excess), or
@@ -35,7 +36,12 @@ func newMetrics(reg prometheus.Registerer, spend bool) *metrics {
 		}),
 		outstanding: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "faregate_budget_outstanding_reservations",
-			Help: "Reservations neither settled nor given back on the day last operated on.",
+			Help: "Reservations this replica holds open: neither settled nor given back (on a day of the day-tagged layout, the whole day's).",
+		}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "faregate_budget_batch_operations",
+			Help:    "Operations one budget script carried (group commit: those of concurrent calls to one slot go together).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "faregate_budget_refusals_total",
@@ -62,6 +68,7 @@ func newMetrics(reg prometheus.Registerer, spend bool) *metrics {
 	m.settleRetries = promreg.Register(reg, m.settleRetries)
 	m.implausible = promreg.Register(reg, m.implausible)
 	m.outstanding = promreg.Register(reg, m.outstanding)
+	m.batches = promreg.Register(reg, m.batches)
 	m.refusals = promreg.Register(reg, m.refusals)
 	m.overageTokens = promreg.Register(reg, m.overageTokens)
 	m.overageSpend = promreg.Register(reg, m.overageSpend)
@@ -83,12 +90,11 @@ func newMetrics(reg prometheus.Registerer, spend bool) *metrics {
 }
 
 // update refreshes the gauges from a script's view of the site scopes.
-func (m *metrics) update(l Limits, siteUsed, spendUsed, reservations int64) {
+func (m *metrics) update(l Limits, siteUsed, spendUsed int64) {
 	m.siteRemaining.Set(float64(max(l.Site-siteUsed, 0)))
 	if m.spendRemaining != nil {
 		m.spendRemaining.Set(float64(max(l.SpendMicro-spendUsed, 0)))
 	}
-	m.outstanding.Set(float64(reservations))
 }
 
 // overage counts what a settle charged beyond its hold.

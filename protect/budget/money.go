@@ -28,8 +28,71 @@ const tokensPerPrice = 1_000_000
 
 // Price is what one model costs, in micro-units of the currency per
 // million tokens: $0.15 per million input tokens is InputMicroPerMTok 150000.
+//
+// A provider with a prompt cache (Anthropic) bills the prompt in three
+// parts: the tokens it read as usual (input), those it wrote to its cache
+// and those it read from it. The cache prices are 0 when not given, which
+// means their defaults: a cache write at DefaultCacheWrite times the input
+// price, a cache read at DefaultCacheRead times it; a write cached for an
+// hour at CacheWrite1hPercent, never below the five-minute write.
 type Price struct {
 	InputMicroPerMTok, OutputMicroPerMTok int64
+	// CacheWriteMicroPerMTok is a five-minute cache write; 0: the default.
+	CacheWriteMicroPerMTok int64
+	// CacheReadMicroPerMTok is a cache read; 0: the default.
+	CacheReadMicroPerMTok int64
+}
+
+// Anthropic's cache multipliers of the input price, in percent (its
+// pricing page): a five-minute cache write 125, an hour's 200, a cache
+// read 10.
+const (
+	DefaultCacheWritePercent = 125
+	CacheWrite1hPercent      = 200
+	DefaultCacheReadPercent  = 10
+)
+
+// percentOf is pct percent of micro, rounded up (a price that rounds down
+// would under-charge), saturating.
+func percentOf(micro, pct int64) int64 {
+	if micro <= 0 {
+		return 0
+	}
+	if micro > math.MaxInt64/pct {
+		return math.MaxInt64
+	}
+	return (micro*pct + 99) / 100
+}
+
+// CacheWrite is the price of a million tokens written to a five-minute
+// cache.
+func (p Price) CacheWrite() int64 {
+	if p.CacheWriteMicroPerMTok > 0 {
+		return p.CacheWriteMicroPerMTok
+	}
+	return percentOf(p.InputMicroPerMTok, DefaultCacheWritePercent)
+}
+
+// CacheWrite1h is the price of a million tokens written to an hour's
+// cache: twice the input price, and never less than a five-minute write.
+func (p Price) CacheWrite1h() int64 {
+	return max(percentOf(p.InputMicroPerMTok, CacheWrite1hPercent), p.CacheWrite())
+}
+
+// CacheRead is the price of a million tokens read from the cache.
+func (p Price) CacheRead() int64 {
+	if p.CacheReadMicroPerMTok > 0 {
+		return p.CacheReadMicroPerMTok
+	}
+	return percentOf(p.InputMicroPerMTok, DefaultCacheReadPercent)
+}
+
+// Tokens is a call's usage in the parts a provider with a prompt cache
+// bills apart. The prompt is Input + CacheWrite + CacheRead (Anthropic's
+// input_tokens excludes what it wrote to or read from the cache);
+// CacheWrite1h is the part of CacheWrite cached for an hour.
+type Tokens struct {
+	Input, CacheWrite, CacheWrite1h, CacheRead, Output int64
 }
 
 // Cost is what prompt input and completion output tokens cost in
@@ -37,14 +100,51 @@ type Price struct {
 // calls together spend more than the cap. The product is computed in 128
 // bits and saturates at math.MaxInt64; negative counts count as zero.
 func (p Price) Cost(prompt, completion int64) int64 {
-	hi1, lo1 := bits.Mul64(uint64(max(prompt, 0)), uint64(max(p.InputMicroPerMTok, 0)))
-	hi2, lo2 := bits.Mul64(uint64(max(completion, 0)), uint64(max(p.OutputMicroPerMTok, 0)))
-	lo, carry := bits.Add64(lo1, lo2, 0)
-	hi, over := bits.Add64(hi1, hi2, carry)
-	lo, carry = bits.Add64(lo, tokensPerPrice-1, 0)
-	hi, over2 := bits.Add64(hi, 0, carry)
+	return costOf([][2]int64{{prompt, p.InputMicroPerMTok}, {completion, p.OutputMicroPerMTok}})
+}
+
+// CostOf is what a call's usage costs, each part at its own price, in
+// micro-units rounded up once over the sum (as Cost). A CacheWrite1h
+// larger than CacheWrite is all an hour's write; negative counts count as
+// zero.
+func (p Price) CostOf(t Tokens) int64 {
+	hour := min(max(t.CacheWrite1h, 0), max(t.CacheWrite, 0))
+	return costOf([][2]int64{
+		{t.Input, p.InputMicroPerMTok},
+		{max(t.CacheWrite, 0) - hour, p.CacheWrite()},
+		{hour, p.CacheWrite1h()},
+		{t.CacheRead, p.CacheRead()},
+		{t.Output, p.OutputMicroPerMTok},
+	})
+}
+
+// ReserveCost is what a call of prompt and completion tokens may cost at
+// the most, its prompt at the dearest of the input-side prices (a prompt
+// the provider writes whole to an hour's cache costs twice its input): a
+// reservation at this never falls short of CostOf the usage it settles
+// with.
+func (p Price) ReserveCost(prompt, completion int64) int64 {
+	dearest := max(p.InputMicroPerMTok, p.CacheWrite1h(), p.CacheRead())
+	return costOf([][2]int64{{prompt, dearest}, {completion, p.OutputMicroPerMTok}})
+}
+
+// costOf sums count × price over terms in 128 bits and divides by
+// tokensPerPrice, rounding up once; it saturates at math.MaxInt64.
+func costOf(terms [][2]int64) int64 {
+	var hi, lo uint64
+	for _, t := range terms {
+		h, l := bits.Mul64(uint64(max(t[0], 0)), uint64(max(t[1], 0)))
+		var carry, over uint64
+		lo, carry = bits.Add64(lo, l, 0)
+		hi, over = bits.Add64(hi, h, carry)
+		if over != 0 {
+			return math.MaxInt64
+		}
+	}
+	lo, carry := bits.Add64(lo, tokensPerPrice-1, 0)
+	hi, over := bits.Add64(hi, 0, carry)
 	// Div64 needs hi < divisor; anything larger is far past MaxInt64.
-	if over != 0 || over2 != 0 || hi >= tokensPerPrice {
+	if over != 0 || hi >= tokensPerPrice {
 		return math.MaxInt64
 	}
 	q, _ := bits.Div64(hi, lo, tokensPerPrice)
@@ -81,11 +181,13 @@ func (ps Prices) Models() []string {
 }
 
 // ParsePrices reads FAREGATE_MODEL_PRICES: comma-separated entries
-// `model=input/output`, each amount in currency units per million tokens,
-// e.g. `gpt-4o-mini=0.15/0.60,gpt-4o=2.50/10`. Blank input is no prices.
-// Every problem is reported at once (errors.Join), each wrapping ErrPrice.
-// The model name is everything before the last "=", so names with "/" or
-// ":" (meta-llama/Llama-3, qwen2.5:7b) work.
+// `model=input/output[/cache_write/cache_read]`, each amount in currency
+// units per million tokens, e.g. `gpt-4o-mini=0.15/0.60,gpt-4o=2.50/10`
+// or `claude-sonnet-4-5=3/15/3.75/0.30`. Without the cache prices they
+// are their defaults (Price). Blank input is no prices. Every problem is
+// reported at once (errors.Join), each wrapping ErrPrice. The model name
+// is everything before the last "=", so names with "/" or ":"
+// (meta-llama/Llama-3, qwen2.5:7b) work.
 func ParsePrices(s string) (Prices, error) {
 	ps := Prices{}
 	if strings.TrimSpace(s) == "" {
@@ -110,32 +212,57 @@ func ParsePrices(s string) (Prices, error) {
 		if model == "" {
 			bad("model name is empty")
 		}
-		in, out, ok := strings.Cut(val, "/")
-		if !ok {
-			bad("want input/output prices separated by \"/\"")
+		amounts := strings.Split(val, "/")
+		if len(amounts) != 2 && len(amounts) != 4 {
+			bad("want input/output prices separated by \"/\", optionally followed by /cache_write/cache_read")
 			continue
 		}
-		inM, errIn := ParseMicro(strings.TrimSpace(in))
-		if errIn != nil {
-			bad("input price: %v", errIn)
+		var micro [4]int64
+		ok := model != ""
+		for j, a := range amounts {
+			m, err := ParseMicro(strings.TrimSpace(a))
+			if err != nil {
+				bad("%s price: %v", priceNames[j], err)
+				ok = false
+			}
+			micro[j] = m
 		}
-		outM, errOut := ParseMicro(strings.TrimSpace(out))
-		if errOut != nil {
-			bad("output price: %v", errOut)
+		p := Price{InputMicroPerMTok: micro[0], OutputMicroPerMTok: micro[1], CacheWriteMicroPerMTok: micro[2], CacheReadMicroPerMTok: micro[3]}
+		if len(amounts) == 4 && ok {
+			if err := p.checkCache(); err != nil {
+				bad("%v", err)
+				ok = false
+			}
 		}
-		if model == "" || errIn != nil || errOut != nil {
+		if !ok {
 			continue
 		}
 		if _, dup := ps[model]; dup {
 			bad("model %q is priced twice", model)
 			continue
 		}
-		ps[model] = Price{InputMicroPerMTok: inM, OutputMicroPerMTok: outM}
+		ps[model] = p
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return ps, nil
+}
+
+// priceNames name the amounts of an entry, in order.
+var priceNames = [4]string{"input", "output", "cache_write", "cache_read"}
+
+// checkCache refuses a cache price given as 0 where its default is not:
+// 0 stands for the default (Price), so it cannot also mean "free", and
+// an operator who wrote it would be charged otherwise than they said.
+func (p Price) checkCache() error {
+	if p.CacheWriteMicroPerMTok == 0 && p.CacheWrite() > 0 {
+		return errors.New("cache_write price 0 stands for its default (1.25 × input); give the real price or leave both cache prices out")
+	}
+	if p.CacheReadMicroPerMTok == 0 && p.CacheRead() > 0 {
+		return errors.New("cache_read price 0 stands for its default (0.1 × input); give the real price or leave both cache prices out")
+	}
+	return nil
 }
 
 // ParseMicro reads a non-negative decimal amount of currency ("0.15",

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestImplausibleUsage: a provider report below zero, past the ceiling
@@ -76,6 +76,42 @@ func TestImplausibleUsage(t *testing.T) {
 	}
 }
 
+// TestReportBelowCount: a report is judged against faregate's own count
+// of what passed. Counted with the model's tokenizer, the larger of the
+// two is charged; with the conservative bound only, the report stands
+// unless it is under half the count and more than 1,000 under it. Either
+// way such a report is implausible (raw kept, alerted), and the charge
+// never passes the ceiling.
+func TestReportBelowCount(t *testing.T) {
+	b := New(nil, Options{MaxCallTokens: 100_000})
+	r := Reservation{Tokens: 3000, PromptTokens: 1000}
+	cases := []struct {
+		name        string
+		call        Call
+		prompt, out int64
+		implausible bool
+	}{
+		{"exact: a stream of 2,000 reported as 0", Call{PromptTokens: 20, CompletionTokens: 0, CountedPrompt: 20, CountedOutput: 2000, Exact: true}, 20, 2000, true},
+		{"exact: a prompt reported as 0", Call{PromptTokens: 0, CompletionTokens: 5, CountedPrompt: 1500, CountedOutput: 5, Exact: true}, 1500, 5, true},
+		{"exact: a little below is raised, not doubted", Call{PromptTokens: 90, CompletionTokens: 95, CountedPrompt: 100, CountedOutput: 100, Exact: true}, 100, 100, false},
+		{"exact: above the count is believed", Call{PromptTokens: 120, CompletionTokens: 900, CountedPrompt: 100, CountedOutput: 40, Exact: true}, 120, 900, false},
+		{"exact: under half but within 1,000 is raised quietly", Call{PromptTokens: 10, CompletionTokens: 100, CountedPrompt: 10, CountedOutput: 900, Exact: true}, 10, 900, false},
+		{"bound: a cached prompt reported low is believed", Call{PromptTokens: 0, CompletionTokens: 30, CountedPrompt: 800, CountedOutput: 40}, 0, 30, false},
+		{"bound: within half is believed", Call{PromptTokens: 600, CompletionTokens: 1100, CountedPrompt: 1000, CountedOutput: 2000}, 600, 1100, false},
+		{"bound: under half and 1,000 under is the bound", Call{PromptTokens: 5, CompletionTokens: 0, CountedPrompt: 40, CountedOutput: 2500}, 5, 2500, true},
+		{"exact: capped at the ceiling", Call{PromptTokens: 0, CompletionTokens: 0, CountedPrompt: 60_000, CountedOutput: 60_000, Exact: true}, 60_000, 40_000, true},
+		{"nothing counted: the report", Call{PromptTokens: 12, CompletionTokens: 3}, 12, 3, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, o, imp := b.Charged(r, c.call)
+			if p != c.prompt || o != c.out || imp != c.implausible {
+				t.Fatalf("Charged = %d+%d implausible %v; want %d+%d %v", p, o, imp, c.prompt, c.out, c.implausible)
+			}
+		})
+	}
+}
+
 // TestScriptsRefuseInexactAmounts: the scripts themselves refuse an
 // amount a double cannot hold exactly (past 2^53) or below zero, before
 // anything moves, in case a caller ever skips Go's bounds.
@@ -118,7 +154,7 @@ func TestSettleWritesOneLedgerLine(t *testing.T) {
 			if err != nil || again.Tokens != first.Tokens || again.CostMicro != first.CostMicro {
 				t.Fatalf("repeat settle = %+v, %v; want the first %+v", again, err, first)
 			}
-			msgs, err := be.Client.XRange(f.ctx, UsageKey(day), "-", "+").Result()
+			msgs, err := be.Client.XRange(f.ctx, StreamOf(day, keyA), "-", "+").Result()
 			if err != nil || len(msgs) != 1 {
 				t.Fatalf("ledger: %d entries (%v); want 1", len(msgs), err)
 			}
@@ -174,7 +210,7 @@ func TestSettleResendsItself(t *testing.T) {
 	f := newFixture(t, be.Client, Limits{})
 	reg := prometheus.NewRegistry()
 	b := New(c, Options{Prices: testPrices, ReservationTTL: time.Minute, Now: f.clk.Now, Registerer: reg})
-	if err := settleScript.Load(f.ctx, be.Client).Err(); err != nil {
+	if err := batchScript.Load(f.ctx, be.Client).Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := f.reserve(t, Request{Day: day, Principal: keyA, Task: taskOne, Model: "cheap", PromptTokens: 100, MaxTokens: 100})
@@ -187,7 +223,7 @@ func TestSettleResendsItself(t *testing.T) {
 		t.Fatalf("lost %d replies, settlement %+v; want 1 lost, 70 tokens", faults.Lost(), s)
 	}
 	f.check(t, UsageQuery{Principal: keyA, Task: taskOne}, state{site: su{70, 0, 0}, spend: su{20, 0, 0}, principal: su{70, 0, 0}, task: su{70, 0, 0}})
-	if n := be.Client.XLen(f.ctx, UsageKey(day)).Val(); n != 1 {
+	if n := be.Client.XLen(f.ctx, StreamOf(day, keyA)).Val(); n != 1 {
 		t.Fatalf("ledger has %d lines; want 1", n)
 	}
 }

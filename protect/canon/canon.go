@@ -95,5 +95,5 @@ func Check(field, s string) error {
 func NFKC(s string) string { return norm.NFKC.String(s) }
 
 // Len is the length of s in code points of its NFKC form, the length the
-// contract's limits are stated in.
+// documented limits are stated in.
 func Len(s string) int { return utf8.RuneCountInString(NFKC(s)) }

@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 
-	"faregate/protect/codes"
 	"faregate/protect/principal"
 )
 
@@ -319,11 +318,12 @@ func FromContext(ctx context.Context) (Visitor, bool) {
 
 // Middleware resolves the visitor once and stores it in the request context.
 // An unusable RemoteAddr is answered by onError (which receives
-// ErrBadRemoteAddr); a nil onError answers 500 internal_error in the API's
-// JSON envelope.
+// ErrBadRemoteAddr), the integrator's error writer; a nil onError answers
+// a bare 500 with no body, since this package writes no error envelope of
+// its own.
 func (r *Resolver) Middleware(onError func(http.ResponseWriter, *http.Request, error), next http.Handler) http.Handler {
 	if onError == nil {
-		onError = internalError
+		onError = bareError
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		v, err := r.Visitor(req)
@@ -335,10 +335,8 @@ func (r *Resolver) Middleware(onError func(http.ResponseWriter, *http.Request, e
 	})
 }
 
-func internalError(w http.ResponseWriter, _ *http.Request, _ error) {
-	w.Header().Set("Content-Type", "application/json")
+func bareError(w http.ResponseWriter, _ *http.Request, _ error) {
 	w.WriteHeader(http.StatusInternalServerError)
-	_, _ = w.Write([]byte(`{"error":{"code":"` + codes.InternalError + `","message":"The server could not identify the connection."}}` + "\n"))
 }
 
 // RandomKey returns 32 random bytes, the HMAC key used when

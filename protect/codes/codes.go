@@ -1,6 +1,6 @@
 // Package codes is faregate's stable vocabulary: every error code an HTTP
 // answer carries, every code a failed task ends with and every warning a
-// finished run reports, each defined once here. CONTRACT.md fixes the
+// finished run reports, each defined once here. The operator's manual fixes the
 // strings; clients switch on them, so never rename one.
 //
 // The package imports nothing, so every floor can name a code without
@@ -34,6 +34,7 @@ const (
 	TooManyFailedChecks       = "too_many_failed_checks"
 	TokenRateLimited          = "token_rate_limited"
 	AnomalyBlocked            = "anomaly_blocked"
+	InvalidRatio              = "invalid_ratio"
 	InternalError             = "internal_error"
 	DemoProtectionUnavailable = "demo_protection_unavailable"
 	ModelUnavailable          = "model_unavailable"
@@ -42,7 +43,7 @@ const (
 )
 
 // Error codes of the /v1 surface an operator's own agent calls (the
-// contract's "bring your own agent"). StepLimit and ToolLimit are also
+// manual's "bring your own agent"). StepLimit and ToolLimit are also
 // warnings, InputSpike also a task code.
 const (
 	ModelNotAllowed      = "model_not_allowed"     // 400: a model GET /v1/models does not list
@@ -54,6 +55,7 @@ const (
 	EventLimit           = "event_limit"           // 429: the task's progress events are used
 	TooManyCalls         = "too_many_calls"        // 429: the task's parallel calls are in flight
 	InputSpike           = "input_spike"           // 429: a prompt over 10× the principal's average
+	UpstreamInvalid      = "upstream_invalid"      // 502: a provider's answer past its reservation that cannot be cut well formed
 )
 
 // Task error codes: why an admitted task failed (its quota slot stays
@@ -88,4 +90,9 @@ const (
 	ToolLoop           = "tool_loop"
 	LowPrecision       = "low_precision"
 	FallbackModel      = "fallback_model"
+	// Throttled: the principal was past the soft share of its hourly
+	// token quota while the task ran; Downgraded: its model calls went to
+	// the fallback model first because of it.
+	Throttled  = "throttled"
+	Downgraded = "downgraded"
 )

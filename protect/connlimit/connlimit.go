@@ -14,7 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"faregate/protect/promreg"
+	"faregate/protect/codes"
+	"faregate/protect/kit/promreg"
 )
 
 // Options configure a Listener.
@@ -53,7 +54,7 @@ func Wrap(ln net.Listener, o Options) *Listener {
 		Name: "faregate_connections_open", Help: "Client connections this process holds.",
 	}))
 	l.refused = promreg.Register(o.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "faregate_connections_refused_total", Help: "Connections answered 503 server_busy (or closed) by the connection limits.",
+		Name: "faregate_connections_refused_total", Help: "Connections answered 503 " + codes.ServerBusy + " (or closed) by the connection limits.",
 	}, []string{"limit"}))
 	// Every series exists at 0 from the start, so rate() sees the first refusal.
 	for _, limit := range []string{"process", "peer", "hard"} {

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // serve starts an HTTP server on a wrapped listener whose handler answers

@@ -22,6 +22,7 @@
 //	    - {name: no_crypto, pattern: '(?i)\bbitcoin\b'}
 //	models:
 //	  gpt-4o-mini: {input: 0.15, output: 0.60}
+//	  claude-sonnet-4-5: {input: 3, output: 15, cache_write: 3.75, cache_read: 0.30}
 //
 // Every section is optional, but the file must hold a mapping: an empty
 // file is an error (an editor caught between truncate and write must not
@@ -39,12 +40,24 @@
 //   - max_site_share: number above 0 and at most 1, default 1: the share of
 //     the site's daily token budget the tier's principals may use together.
 //     0 is refused: to stop a tier, disable its keys.
+//   - requests_per_second: whole number ≥ 0; a second window over the same
+//     requests as requests_per_minute. 0 (the default of a tier other than
+//     public) means none.
+//   - tokens_per_hour: whole number ≥ 0; the tokens one principal may be
+//     charged in any sliding hour. 0 (the default) means none.
+//   - soft_at: number above 0 and at most 1, default 0.8 with
+//     tokens_per_hour: from that share of the hour a principal is
+//     throttled (soft_requests_per_minute, the fallback model first).
+//   - soft_requests_per_minute: whole number ≥ 1, default 5 with
+//     tokens_per_hour.
 //
 // A tier other than public must give tasks_per_day, tokens_per_day and
 // requests_per_minute. The public tier is the anonymous lane and always
 // exists: its values start as the environment's (FAREGATE_IP_DAILY_LIMIT,
-// FAREGATE_IP_DAILY_TOKENS, FAREGATE_REQUESTS_PER_MINUTE, handed to Load as
-// the defaults) and each field the file gives replaces that one value.
+// FAREGATE_IP_DAILY_TOKENS, FAREGATE_REQUESTS_PER_MINUTE,
+// FAREGATE_REQUESTS_PER_SECOND, FAREGATE_IP_HOURLY_TOKENS, FAREGATE_SOFT_AT
+// and FAREGATE_SOFT_REQUESTS_PER_MINUTE, handed to Load as the defaults)
+// and each field the file gives replaces that one value.
 // Whole numbers are at most 10^15 so sums and doubled bucket capacities
 // stay far from overflow.
 //
@@ -65,6 +78,10 @@
 //
 // Models. models.<name> gives input and output prices per million tokens
 // in the operator's currency: numbers ≥ 0 with at most 6 decimal places,
-// at most 1000000. Price exposes them in integer millionths (0.15 →
+// at most 1000000. cache_write and cache_read, optional, price the prompt
+// tokens a provider writes to and reads from its prompt cache (Anthropic
+// bills them apart); left out they are 1.25 and 0.1 times the input price
+// (a write cached for an hour is 2 times it), and 0 is refused where the
+// input price is not (0 stands for the default). Price exposes them in integer millionths (0.15 →
 // 150000), since money is kept in micro-units.
 package policy

@@ -109,11 +109,12 @@ var (
 // The fields each mapping of the file may hold.
 var (
 	topFields  = []string{"tiers", "keys", "rules", "models"}
-	tierFields = []string{"tasks_per_day", "tokens_per_day", "tokens_per_minute", "requests_per_minute", "max_site_share"}
+	tierFields = []string{"tasks_per_day", "tokens_per_day", "tokens_per_minute", "requests_per_minute", "max_site_share",
+		"requests_per_second", "tokens_per_hour", "soft_at", "soft_requests_per_minute"}
 	keyFields  = []string{"id", "sha256", "tier", "disabled"}
 	ruleFields = []string{"builtin", "prompt"}
 	patFields  = []string{"name", "pattern"}
-	priceField = []string{"input", "output"}
+	priceField = []string{"input", "output", "cache_write", "cache_read"}
 )
 
 // Parse validates a policy file's content; source names it in errors and
@@ -409,6 +410,14 @@ func (ps *parser) tiers(p *Policy, n *yaml.Node) map[string]bool {
 				t.TokensPerMinute, good = ps.whole(fv, fpath, 0)
 			case "max_site_share":
 				t.MaxSiteShare, good = ps.share(fv, fpath)
+			case "requests_per_second":
+				t.RequestsPerSecond, good = ps.whole(fv, fpath, 0)
+			case "tokens_per_hour":
+				t.TokensPerHour, good = ps.whole(fv, fpath, 0)
+			case "soft_at":
+				t.SoftAt, good = ps.softAt(fv, fpath)
+			case "soft_requests_per_minute":
+				t.SoftRequestsPerMinute, good = ps.whole(fv, fpath, 1)
 			}
 			ok = ok && good
 		})
@@ -428,6 +437,15 @@ func (ps *parser) tiers(p *Policy, n *yaml.Node) map[string]bool {
 				ok = false
 			}
 		}
+		if t.TokensPerHour > 0 {
+			// The soft throttle comes with an hourly quota.
+			if t.SoftAt == 0 {
+				t.SoftAt = principal.DefaultSoftAt
+			}
+			if t.SoftRequestsPerMinute == 0 {
+				t.SoftRequestsPerMinute = principal.DefaultSoftRequestsPerMinute
+			}
+		}
 		if ok {
 			p.tiers[name] = t
 		}
@@ -445,6 +463,21 @@ func (ps *parser) share(v *yaml.Node, path string) (float64, bool) {
 	}
 	if math.IsNaN(f) || f <= 0 || f > 1 {
 		ps.bad(v, path, "must be above 0 and at most 1 (to stop a tier, disable its keys)")
+		return 0, false
+	}
+	return f, true
+}
+
+// softAt returns a soft_at share in (0, 1].
+func (ps *parser) softAt(v *yaml.Node, path string) (float64, bool) {
+	tag := v.ShortTag()
+	var f float64
+	if v.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") || v.Decode(&f) != nil {
+		ps.bad(v, path, "must be a number above 0 and at most 1, not %s", describe(v))
+		return 0, false
+	}
+	if math.IsNaN(f) || f <= 0 || f > 1 {
+		ps.bad(v, path, "must be above 0 and at most 1 (the share of tokens_per_hour from which the principal is held back)")
 		return 0, false
 	}
 	return f, true
@@ -616,14 +649,22 @@ func (ps *parser) models(p *Policy, n *yaml.Node) {
 		var price Price
 		given := 0
 		ok := true
+		var zeroCache []string // cache prices given as 0
 		ps.mapping(v, path, priceField, func(field string, _, fv *yaml.Node) {
-			given++
 			micro, good := ps.price(fv, join(path, field))
 			ok = ok && good
-			if field == "input" {
-				price.InputMicroPerMTok = micro
-			} else {
-				price.OutputMicroPerMTok = micro
+			switch field {
+			case "input":
+				price.InputMicroPerMTok, given = micro, given+1
+			case "output":
+				price.OutputMicroPerMTok, given = micro, given+1
+			case "cache_write":
+				price.CacheWriteMicroPerMTok = micro
+			case "cache_read":
+				price.CacheReadMicroPerMTok = micro
+			}
+			if good && micro == 0 && strings.HasPrefix(field, "cache_") {
+				zeroCache = append(zeroCache, field)
 			}
 		})
 		if !mapOrNull(v) {
@@ -631,6 +672,14 @@ func (ps *parser) models(p *Policy, n *yaml.Node) {
 		} else if given < 2 {
 			ps.bad(k, path, "input and output prices are both required")
 			ok = false
+		}
+		if price.InputMicroPerMTok > 0 {
+			// 0 stands for the default (Price), so it cannot also say
+			// "free": the operator would be charged otherwise than written.
+			for _, f := range zeroCache {
+				ps.bad(k, join(path, f), "0 stands for its default (a share of the input price); give the real price or leave it out")
+				ok = false
+			}
 		}
 		if ok {
 			p.prices[model] = price

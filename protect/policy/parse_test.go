@@ -21,8 +21,8 @@ const (
 	hashB = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 )
 
-// contractExample is the shape CONTRACT.md fixes, with a real hash.
-const contractExample = `tiers:
+// documentedExample is the shape the operator's manual fixes, with a real hash.
+const documentedExample = `tiers:
   public:  {tasks_per_day: 5, tokens_per_day: 40000, tokens_per_minute: 6000, requests_per_minute: 120}
   partner: {tasks_per_day: 500, tokens_per_day: 2000000, tokens_per_minute: 100000, requests_per_minute: 600}
 keys:
@@ -37,7 +37,7 @@ func TestParseGood(t *testing.T) {
 	}{
 		{
 			name: "contract example",
-			file: contractExample,
+			file: documentedExample,
 			check: func(t *testing.T, p *Policy) {
 				want := principal.Tier{Name: "partner", TasksPerDay: 500, TokensPerDay: 2000000, TokensPerMinute: 100000, RequestsPerMinute: 600, MaxSiteShare: 1}
 				if got, ok := p.Tier("partner"); !ok || got != want {
@@ -61,6 +61,26 @@ func TestParseGood(t *testing.T) {
 				want := principal.Tier{Name: principal.PublicTier, TasksPerDay: 9, TokensPerDay: 40000, RequestsPerMinute: 120, MaxSiteShare: 1}
 				if got := p.Public(); got != want {
 					t.Errorf("public = %+v, want %+v", got, want)
+				}
+			},
+		},
+		{
+			name: "the hour's soft throttle defaults with tokens_per_hour, and only then",
+			file: "tiers:\n  a: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1, tokens_per_hour: 1000, requests_per_second: 3}\n" +
+				"  b: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1, tokens_per_hour: 1000, soft_at: 0.5, soft_requests_per_minute: 2}\n" +
+				"  c: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1}\n",
+			check: func(t *testing.T, p *Policy) {
+				want := map[string]principal.Tier{
+					"a": {Name: "a", TasksPerDay: 1, TokensPerDay: 1, RequestsPerMinute: 1, RequestsPerSecond: 3, MaxSiteShare: 1,
+						TokensPerHour: 1000, SoftAt: 0.8, SoftRequestsPerMinute: 5},
+					"b": {Name: "b", TasksPerDay: 1, TokensPerDay: 1, RequestsPerMinute: 1, MaxSiteShare: 1,
+						TokensPerHour: 1000, SoftAt: 0.5, SoftRequestsPerMinute: 2},
+					"c": {Name: "c", TasksPerDay: 1, TokensPerDay: 1, RequestsPerMinute: 1, MaxSiteShare: 1},
+				}
+				for name, w := range want {
+					if got, _ := p.Tier(name); got != w {
+						t.Errorf("%s = %+v, want %+v", name, got, w)
+					}
 				}
 			},
 		},
@@ -93,12 +113,14 @@ func TestParseGood(t *testing.T) {
 		},
 		{
 			name: "model prices in integer millionths",
-			file: "models:\n  gpt-4o-mini: {input: 0.15, output: 0.60}\n  llama3:8b: {input: 0, output: 2}\n  x/y: {input: 0.000001, output: 1_000}\n",
+			file: "models:\n  gpt-4o-mini: {input: 0.15, output: 0.60}\n  llama3:8b: {input: 0, output: 2, cache_read: 0}\n  x/y: {input: 0.000001, output: 1_000}\n" +
+				"  claude-sonnet-4-5: {input: 3, output: 15, cache_write: 3.75, cache_read: 0.3}\n",
 			check: func(t *testing.T, p *Policy) {
 				want := map[string]Price{
-					"gpt-4o-mini": {150000, 600000},
-					"llama3:8b":   {0, 2000000},
-					"x/y":         {1, 1000000000},
+					"gpt-4o-mini":       {InputMicroPerMTok: 150000, OutputMicroPerMTok: 600000},
+					"llama3:8b":         {InputMicroPerMTok: 0, OutputMicroPerMTok: 2000000},
+					"x/y":               {InputMicroPerMTok: 1, OutputMicroPerMTok: 1000000000},
+					"claude-sonnet-4-5": {InputMicroPerMTok: 3000000, OutputMicroPerMTok: 15000000, CacheWriteMicroPerMTok: 3750000, CacheReadMicroPerMTok: 300000},
 				}
 				if got := p.Prices(); !reflect.DeepEqual(got, want) {
 					t.Errorf("prices = %v, want %v", got, want)
@@ -165,6 +187,15 @@ func TestParseBad(t *testing.T) {
 		// several per file show that every problem is reported together.
 		want []string
 	}{
+		{
+			name: "the seeds' tier fields out of range",
+			file: "tiers:\n  a: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1, requests_per_second: -1, tokens_per_hour: -5,\n" +
+				"      soft_at: 0, soft_requests_per_minute: 0}\n  b: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1, soft_at: 1.5}\n" +
+				"  c: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1, soft_at: half}\n",
+			want: []string{"tiers.a.requests_per_second: must be at least 0", "tiers.a.tokens_per_hour: must be at least 0",
+				"tiers.a.soft_at: must be above 0 and at most 1", "tiers.a.soft_requests_per_minute: must be at least 1",
+				"tiers.b.soft_at: must be above 0", "tiers.c.soft_at: must be a number above 0 and at most 1, not text"},
+		},
 		{
 			name: "empty file",
 			file: "",
@@ -296,7 +327,8 @@ func TestParseBad(t *testing.T) {
 				"  c: {input: 0.0000001, output: 2000000}\n" + // line 4
 				"  d: {input: 1}\n" + // line 5
 				"  e:\n" + // line 6
-				"  \"with space\": {input: 1, output: 1}\n", // line 7
+				"  \"with space\": {input: 1, output: 1}\n" + // line 7
+				"  f: {input: 1, output: 1, cache_write: 0, cache_read: -1}\n", // line 8
 			want: []string{
 				"line 2: models.a.input: must not be negative",
 				"line 3: models.b.input: must be a number, not text",
@@ -306,6 +338,8 @@ func TestParseBad(t *testing.T) {
 				"line 5: models.d: input and output prices are both required",
 				"line 6: models.e: input and output prices are both required",
 				"line 7: models.with space: a model name must be 1 to 200 bytes",
+				"line 8: models.f.cache_read: must not be negative",
+				"line 8: models.f.cache_write: 0 stands for its default",
 			},
 		},
 	}
@@ -362,7 +396,7 @@ func TestParseNeverQuotesHashes(t *testing.T) {
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(path, []byte(contractExample), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(documentedExample), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p, err := Load(path, envDefaults)
@@ -397,7 +431,7 @@ func TestExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Tiers()) != 2 || len(p.Keys()) != 2 || len(p.Rules()) != 4 || p.Prices()["gpt-4o-mini"] != (Price{150000, 600000}) {
+	if len(p.Tiers()) != 2 || len(p.Keys()) != 2 || len(p.Rules()) != 4 || p.Prices()["gpt-4o-mini"] != (Price{InputMicroPerMTok: 150000, OutputMicroPerMTok: 600000}) {
 		t.Errorf("example: tiers %v keys %v rules %v prices %v", p.Tiers(), p.Keys(), p.Rules(), p.Prices())
 	}
 	if tier, _ := p.Tier("partner"); tier.MaxSiteShare != 0.5 {

@@ -33,6 +33,11 @@ type Price struct {
 	InputMicroPerMTok int64
 	// OutputMicroPerMTok is the price of a million completion tokens.
 	OutputMicroPerMTok int64
+	// CacheWriteMicroPerMTok and CacheReadMicroPerMTok are the prices of
+	// a million prompt tokens written to and read from a provider's
+	// prompt cache; 0: their defaults, 1.25 and 0.1 times the input price
+	// (budget.Price).
+	CacheWriteMicroPerMTok, CacheReadMicroPerMTok int64
 }
 
 // ErrInvalidPolicy is wrapped by every error about a policy file's
@@ -131,8 +136,9 @@ func (p *Policy) Rules() []string {
 }
 
 // RaisedTiers names the tiers of p whose limits are higher than in old:
-// tasks_per_day, tokens_per_day, requests_per_minute, max_site_share, or
-// tokens_per_minute (where 0, no bucket, is the highest). A tier new in p
+// tasks_per_day, tokens_per_day, requests_per_minute, max_site_share,
+// soft_at, soft_requests_per_minute, or tokens_per_minute,
+// requests_per_second and tokens_per_hour (where 0, none, is the highest). A tier new in p
 // is not listed: nobody was refused under it. Denials remembered for the
 // principals of a listed tier (every visitor, for public) may now be
 // wrong and should be forgotten. A nil old lists nothing.
@@ -183,11 +189,18 @@ func (p *Policy) RaisedKeys(old *Policy) []string {
 
 // raised reports whether any limit of now is above the one in was.
 func raised(was, now principal.Tier) bool {
-	bucketUp := was.TokensPerMinute != 0 &&
-		(now.TokensPerMinute == 0 || now.TokensPerMinute > was.TokensPerMinute)
 	return now.TasksPerDay > was.TasksPerDay ||
 		now.TokensPerDay > was.TokensPerDay ||
 		now.RequestsPerMinute > was.RequestsPerMinute ||
 		now.MaxSiteShare > was.MaxSiteShare ||
-		bucketUp
+		upOrOff(was.TokensPerMinute, now.TokensPerMinute) ||
+		upOrOff(was.RequestsPerSecond, now.RequestsPerSecond) ||
+		upOrOff(was.TokensPerHour, now.TokensPerHour) ||
+		was.TokensPerHour != 0 && (now.SoftTokens() > was.SoftTokens() || now.SoftRequests() > was.SoftRequests())
+}
+
+// upOrOff reports whether a limit where 0 means none was raised: turned
+// off, or set higher.
+func upOrOff(was, now int64) bool {
+	return was != 0 && (now == 0 || now > was)
 }

@@ -36,6 +36,8 @@ keys:
 		{"key moved to gold", replace(base, `tier: partner}`, `tier: gold}`), nil, []string{"acme"}},
 		{"key enabled again", replace(base, "disabled: true", "disabled: false"), nil, []string{"bolt"}},
 		{"key removed", replace(base, `  - {id: acme, sha256: "`+hashA+`", tier: partner}`+"\n", ""), nil, nil},
+		{"partner second window added is no raise", replace(base, "requests_per_minute: 600", "requests_per_minute: 600, requests_per_second: 10"), nil, nil},
+		{"partner hourly quota added is no raise", replace(base, "requests_per_minute: 600", "requests_per_minute: 600, tokens_per_hour: 10000"), nil, nil},
 		{"new tier is no raise", replace(base, "keys:", "  silver: {tasks_per_day: 1, tokens_per_day: 1, requests_per_minute: 1}\nkeys:"), nil, nil},
 		{"new key", base + `  - {id: cove, sha256: "` + hashA[:63] + `c", tier: partner}` + "\n", nil, []string{"cove"}},
 	}
@@ -66,4 +68,51 @@ func replace(s, old, new string) string {
 		panic("replace: " + old + " not found")
 	}
 	return s[:i] + new + s[i+len(old):]
+}
+
+// TestRaisedSeeds: the second window, the hourly quota and its soft
+// throttle are raised by a higher value or by turning them off (0), and
+// a soft share or soft window going up raises the tier too.
+func TestRaisedSeeds(t *testing.T) {
+	const base = `tiers:
+  partner: {tasks_per_day: 500, tokens_per_day: 2000000, requests_per_minute: 600, requests_per_second: 10, tokens_per_hour: 10000, soft_at: 0.5, soft_requests_per_minute: 3}
+keys:
+  - {id: acme, sha256: "` + hashA + `", tier: partner}
+`
+	old, err := Parse([]byte(base), "old", envDefaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		from   string
+		to     string
+		raised bool
+	}{
+		{"second window up", "requests_per_second: 10", "requests_per_second: 11", true},
+		{"second window off", "requests_per_second: 10", "requests_per_second: 0", true},
+		{"second window down", "requests_per_second: 10", "requests_per_second: 9", false},
+		{"hour up", "tokens_per_hour: 10000", "tokens_per_hour: 20000", true},
+		{"hour off", "tokens_per_hour: 10000", "tokens_per_hour: 0", true},
+		{"hour down", "tokens_per_hour: 10000", "tokens_per_hour: 9000", false},
+		{"soft share up", "soft_at: 0.5", "soft_at: 0.9", true},
+		{"soft share down", "soft_at: 0.5", "soft_at: 0.4", false},
+		{"soft window up", "soft_requests_per_minute: 3", "soft_requests_per_minute: 4", true},
+		{"soft window down", "soft_requests_per_minute: 3", "soft_requests_per_minute: 2", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Parse([]byte(replace(base, tt.from, tt.to)), "new", envDefaults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			if tt.raised {
+				want = []string{"partner"}
+			}
+			if got := p.RaisedTiers(old); !reflect.DeepEqual(got, want) {
+				t.Errorf("RaisedTiers = %v, want %v", got, want)
+			}
+		})
+	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"faregate/protect/kit/promreg"
 	"faregate/protect/principal"
-	"faregate/protect/promreg"
 )
 
 // Options configure a Store; zero fields take the defaults noted.

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// reloadPromise is the bound CONTRACT.md sets on a reload becoming visible.
+// reloadPromise is the bound the operator's manual sets on a reload becoming visible.
 const reloadPromise = 2 * time.Second
 
 // partnerFile is a valid policy whose partner tier allows tasks per day.
@@ -346,8 +346,11 @@ func TestStoreSwapIsAtomic(t *testing.T) {
 	path := plainFile(t, t.TempDir(), version(1))
 	r := startStore(t, path, true)
 
+	// The readers stop and are waited for however the test ends: one may
+	// report through t, so none outlives it.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stop); wg.Wait() })
 	var mixed sync.Once
 	for range 4 {
 		wg.Go(func() {
@@ -373,8 +376,6 @@ func TestStoreSwapIsAtomic(t *testing.T) {
 			t.Fatalf("version %d not loaded", n)
 		}
 	}
-	close(stop)
-	wg.Wait()
 }
 
 func TestStoreWithoutFile(t *testing.T) {

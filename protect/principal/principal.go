@@ -102,7 +102,48 @@ type Tier struct {
 	TokensPerMinute int64
 	// RequestsPerMinute is one principal's sliding window over /api (≥ 1).
 	RequestsPerMinute int64
+	// RequestsPerSecond is one principal's second window over the same
+	// requests; 0 means none.
+	RequestsPerSecond int64
 	// MaxSiteShare is the share (0 < s ≤ 1) of the site's daily token
 	// budget that the tier's principals may use together.
 	MaxSiteShare float64
+	// TokensPerHour is the tokens one principal may be charged in any
+	// sliding hour; 0 means no hourly quota. From SoftAt of it (a share,
+	// 0 < s ≤ 1; DefaultSoftAt when unset) the principal is throttled: its
+	// request window is held to SoftRequestsPerMinute and its model calls
+	// go to the fallback model first.
+	TokensPerHour         int64
+	SoftAt                float64
+	SoftRequestsPerMinute int64
+}
+
+// The soft throttle's defaults: a principal is throttled from 80% of its
+// hourly tokens, to 5 requests a minute.
+const (
+	DefaultSoftAt                = 0.8
+	DefaultSoftRequestsPerMinute = 5
+)
+
+// SoftTokens is the hourly use from which the principal is throttled:
+// SoftAt of TokensPerHour rounded down, at least 1; 0 without an hourly
+// quota.
+func (t Tier) SoftTokens() int64 {
+	if t.TokensPerHour <= 0 {
+		return 0
+	}
+	at := t.SoftAt
+	if at <= 0 || at > 1 || at != at {
+		at = DefaultSoftAt
+	}
+	return min(max(int64(at*float64(t.TokensPerHour)), 1), t.TokensPerHour)
+}
+
+// SoftRequests is the request window a throttled principal is held to:
+// SoftRequestsPerMinute, or its default when unset.
+func (t Tier) SoftRequests() int64 {
+	if t.SoftRequestsPerMinute <= 0 {
+		return DefaultSoftRequestsPerMinute
+	}
+	return t.SoftRequestsPerMinute
 }

@@ -46,3 +46,34 @@ func TestAppendTextAllocs(t *testing.T) {
 		t.Errorf("%v allocations", n)
 	}
 }
+
+// TestSoftTokens: the soft share of an hourly quota in whole tokens, its
+// defaults, and nothing without a quota.
+func TestSoftTokens(t *testing.T) {
+	tests := []struct {
+		name string
+		tier Tier
+		want int64
+	}{
+		{"no quota", Tier{SoftAt: 0.5}, 0},
+		{"default share", Tier{TokensPerHour: 10_000}, 8_000},
+		{"given share", Tier{TokensPerHour: 10_000, SoftAt: 0.5}, 5_000},
+		{"rounded down", Tier{TokensPerHour: 7, SoftAt: 0.5}, 3},
+		{"at least one", Tier{TokensPerHour: 1, SoftAt: 0.1}, 1},
+		{"the whole quota", Tier{TokensPerHour: 10, SoftAt: 1}, 10},
+		{"a share out of range is the default", Tier{TokensPerHour: 100, SoftAt: 2}, 80},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.tier.SoftTokens(); got != tc.want {
+				t.Errorf("SoftTokens = %d, want %d", got, tc.want)
+			}
+		})
+	}
+	if got := (Tier{}).SoftRequests(); got != DefaultSoftRequestsPerMinute {
+		t.Errorf("default soft requests %d", got)
+	}
+	if got := (Tier{SoftRequestsPerMinute: 2}).SoftRequests(); got != 2 {
+		t.Errorf("soft requests %d", got)
+	}
+}

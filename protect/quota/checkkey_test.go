@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/quota"
-	"faregate/protect/redistest"
 )
 
 // TestCheckKeyBelowItsLimit: checking an API key that still has tasks left

@@ -23,8 +23,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/memo"
-	"faregate/protect/randhex"
+	"faregate/protect/kit/memo"
+	"faregate/protect/kit/randhex"
 )
 
 // KeyTTL is how long a day's counters live: long enough to outlast the day
@@ -220,7 +220,7 @@ func (q *Quota) Pipelined(p Submitter) *Quota {
 // Day is the UTC date of t as used in keys.
 func Day(t time.Time) string { return t.UTC().Format(time.DateOnly) }
 
-// VisitorKey and GlobalKey are the contract's key names; {day} is a hash tag
+// VisitorKey and GlobalKey are the documented key names; {day} is a hash tag
 // so one day's keys share a Redis Cluster slot and one script may touch both.
 func VisitorKey(day, visitor string) string { return "faregate:quota:{" + day + "}:ip:" + visitor }
 

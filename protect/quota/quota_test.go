@@ -10,9 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/clocktest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/quota"
-	"faregate/protect/redistest"
 )
 
 // maker builds a Quota on a client the way a replica does: plain, or with
@@ -99,7 +99,7 @@ func conformance(t *testing.T, be redistest.Backend, mk maker) {
 				}
 			}
 
-			// Key names and TTLs are the contract's.
+			// Key names and TTLs are the documented ones.
 			for _, k := range []string{"faregate:quota:{2026-08-31}:ip:aa", "faregate:quota:{2026-08-31}:ip:bb", "faregate:quota:{2026-08-31}:global"} {
 				ttl, err := be.Client.TTL(ctx, k).Result()
 				if err != nil {

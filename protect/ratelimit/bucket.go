@@ -90,6 +90,9 @@ type CallRequest struct {
 	Amount int64
 	// TokensPerMinute is the principal's bucket rate; 0 means no bucket.
 	TokensPerMinute int64
+	// TokensPerHour is the principal's hourly quota (0: none), and
+	// SoftTokens its soft share (1 to TokensPerHour), as HourRule's.
+	TokensPerHour, SoftTokens int64
 	// Op is unique per attempt; a call that waits and asks again uses a new one.
 	Op string
 }
@@ -115,16 +118,29 @@ type CallDecision struct {
 	// calls it has learnt from, after this call; for logs and tests.
 	EMA     float64
 	Samples int64
+	// HourShort reports that the principal's hour cannot take Amount:
+	// nothing was taken, and RetryAfter is when enough of the hour will
+	// have slid (HourWindow when Amount exceeds the quota itself).
+	HourShort bool
+	// HourUsed is the principal's hour as the call found it (charged and
+	// reserved, before this call), and Soft whether that reached its soft
+	// share; HourSlot is where the call's Amount was added, for Settle.
+	HourUsed int64
+	Soft     bool
+	HourSlot int64
 }
 
-// Err is nil when the call may be made, ErrInputSpike for a spike, else a
-// *RefusedError with reason token_rate_limited.
+// Err is nil when the call may be made, ErrInputSpike for a spike, a
+// *RefusedError with reason demo_budget_exhausted for a short hour, else
+// one with reason token_rate_limited.
 func (d CallDecision) Err() error {
 	switch {
 	case d.Taken:
 		return nil
 	case d.Anomaly:
 		return ErrInputSpike
+	case d.HourShort:
+		return &RefusedError{Reason: ReasonHourExhausted, After: d.RetryAfter}
 	}
 	return &RefusedError{Reason: ReasonTokenRateLimited, After: d.RetryAfter}
 }
@@ -136,7 +152,9 @@ func (d CallDecision) Err() error {
 // learn from it, nothing is taken, and Anomaly is set. Otherwise, with a
 // bucket, Amount is taken if the bucket holds it (never below zero), else
 // RetryAfter says when it will; the caller waits within its own bound and
-// asks again with a new op. The EMA learns from the call when it proceeds.
+// asks again with a new op. With an hourly quota, Amount is added to the
+// principal's hour if it fits (nothing is taken from either otherwise, and
+// HourShort says so). The EMA learns from the call when it proceeds.
 //
 // An Amount over the bucket's capacity returns ErrTooLarge (after the spike
 // check, so a huge prompt is still logged as the spike it is).
@@ -156,21 +174,25 @@ func (l *Limiter) BeforeCall(ctx context.Context, r CallRequest) (CallDecision, 
 	if err := validRange("tokens per minute", r.TokensPerMinute, 0, maxRate); err != nil {
 		return CallDecision{}, err
 	}
+	if err := validHour(r.TokensPerHour, r.SoftTokens); err != nil {
+		return CallDecision{}, err
+	}
 	now := l.now()
 	res, err := beforeCallScript.Run(ctx, l.rdb,
-		[]string{key(r.Scope, "ema"), key(r.Scope, "anom"), key(r.Scope, "tpm"), opKey(r.Scope, "call", r.Op)},
+		[]string{key(r.Scope, "ema"), key(r.Scope, "anom"), key(r.Scope, "tpm"), opKey(r.Scope, "call", r.Op), key(r.Scope, "hour")},
 		now.UnixMilli(), r.Op, r.PromptTokens, r.Amount, r.TokensPerMinute,
 		CheckWindow.Milliseconds(), AnomalyThreshold, anomalyLogCap, emaTTL.Milliseconds(),
 		OpTTL.Milliseconds(), expiryGrace.Milliseconds(), spikeFactor, spikeMinSamples,
+		r.TokensPerHour, r.SoftTokens, hourSlot.Milliseconds(), HourWindow.Milliseconds(),
 	).Int64Slice()
 	if err != nil {
 		return CallDecision{}, unavailable("before call", err)
 	}
-	if err := reply("before call", res, 6); err != nil {
+	if err := reply("before call", res, 9); err != nil {
 		return CallDecision{}, err
 	}
-	d := CallDecision{EMA: float64(res[3]) / 1000, Samples: res[4]}
-	fresh := res[5] == 0
+	d := CallDecision{EMA: float64(res[3]) / 1000, Samples: res[4], HourUsed: res[5], Soft: res[6] == 1, HourSlot: res[7]}
+	fresh := res[8] == 0
 	var outErr error
 	switch res[0] {
 	case 0:
@@ -185,6 +207,10 @@ func (l *Limiter) BeforeCall(ctx context.Context, r CallRequest) (CallDecision, 
 		d.RetryAfter = until(now, res[2])
 	case 3:
 		outErr = tooLarge(r.Amount, r.TokensPerMinute)
+	case 4:
+		d.HourShort, d.RetryAfter = true, until(now, res[2])
+	case 5:
+		d.HourShort, d.RetryAfter = true, HourWindow
 	default:
 		return CallDecision{}, fmt.Errorf("%w: before call script answered code %d", ErrUnavailable, res[0])
 	}
@@ -199,30 +225,61 @@ func (l *Limiter) BeforeCall(ctx context.Context, r CallRequest) (CallDecision, 
 // back into the bucket (never above capacity); usage over the reservation
 // is charged even below zero and returned as overage: the only way a
 // bucket goes below zero, and refills pay it back. With tokensPerMinute 0
-// there is no bucket, and only the overage is computed.
+// there is no bucket, and only the overage is computed. It is Settle
+// without an hour.
 func (l *Limiter) AfterCall(ctx context.Context, scope string, tokensPerMinute, reserved, actual int64, op string) (overage int64, err error) {
-	if err := validScope(scope); err != nil {
+	return l.Settle(ctx, SettleRequest{Scope: scope, TokensPerMinute: tokensPerMinute, Reserved: reserved, Actual: actual, Op: op})
+}
+
+// SettleRequest settles one model call's take (BeforeCall's, or Pace's).
+type SettleRequest struct {
+	Scope string
+	// TokensPerMinute is the bucket's rate (0: no bucket).
+	TokensPerMinute int64
+	// TokensPerHour is the hourly quota the take was added to (0: none)
+	// and HourSlot where (CallDecision.HourSlot).
+	TokensPerHour, HourSlot int64
+	// Reserved is what was taken, Actual what the call was charged.
+	Reserved, Actual int64
+	// Op is the take's op id: a settle re-sent is applied once.
+	Op string
+}
+
+// Settle settles a take with what the call was charged, as AfterCall
+// describes for the bucket; in the hour, unused tokens leave the slot the
+// take was added to (while it still counts) and an excess is added now, so
+// the hour counts what was charged. Without a bucket or an hour only the
+// overage is computed.
+func (l *Limiter) Settle(ctx context.Context, r SettleRequest) (overage int64, err error) {
+	if err := validScope(r.Scope); err != nil {
 		return 0, err
 	}
-	if err := validOp(op); err != nil {
+	if err := validOp(r.Op); err != nil {
 		return 0, err
 	}
-	if err := validRange("tokens per minute", tokensPerMinute, 0, maxRate); err != nil {
+	if err := validRange("tokens per minute", r.TokensPerMinute, 0, maxRate); err != nil {
 		return 0, err
 	}
-	if err := validRange("reserved tokens", reserved, 0, maxTokens); err != nil {
+	if err := validRange("reserved tokens", r.Reserved, 0, maxTokens); err != nil {
 		return 0, err
 	}
-	if err := validRange("actual tokens", actual, 0, maxTokens); err != nil {
+	if err := validRange("actual tokens", r.Actual, 0, maxTokens); err != nil {
 		return 0, err
 	}
-	if tokensPerMinute == 0 {
-		return max(actual-reserved, 0), nil
+	if err := validRange("hourly tokens", r.TokensPerHour, 0, maxTokens); err != nil {
+		return 0, err
+	}
+	if err := validRange("hour slot", r.HourSlot, 0, maxTokens); err != nil {
+		return 0, err
+	}
+	if r.TokensPerMinute == 0 && r.TokensPerHour == 0 {
+		return max(r.Actual-r.Reserved, 0), nil
 	}
 	res, err := afterCallScript.Run(ctx, l.rdb,
-		[]string{key(scope, "tpm"), opKey(scope, "settle", op)},
-		l.now().UnixMilli(), tokensPerMinute, reserved, actual,
+		[]string{key(r.Scope, "tpm"), opKey(r.Scope, "settle", r.Op), key(r.Scope, "hour")},
+		l.now().UnixMilli(), r.TokensPerMinute, r.Reserved, r.Actual,
 		OpTTL.Milliseconds(), expiryGrace.Milliseconds(),
+		r.TokensPerHour, r.HourSlot, hourSlot.Milliseconds(), HourWindow.Milliseconds(),
 	).Int64Slice()
 	if err != nil {
 		return 0, unavailable("after call", err)
@@ -231,6 +288,50 @@ func (l *Limiter) AfterCall(ctx context.Context, scope string, tokensPerMinute, 
 		return 0, err
 	}
 	return res[0], nil
+}
+
+// validHour checks an hourly quota and its soft share: both 0 (off), or
+// a quota with a soft share of 1 to the quota.
+func validHour(tokens, soft int64) error {
+	if err := validRange("hourly tokens", tokens, 0, maxTokens); err != nil {
+		return err
+	}
+	if tokens == 0 {
+		return nil
+	}
+	return validRange("soft tokens", soft, 1, tokens)
+}
+
+// HourRoom reports whether the principal's hour could take need more
+// tokens now (charged and reserved tokens of the last hour, plus need,
+// within perHour), the exact time until it can if not, and the hour's use.
+// It takes nothing. need over perHour can never fit: ErrTooLarge.
+func (l *Limiter) HourRoom(ctx context.Context, scope string, perHour, need int64) (ok bool, retryAfter time.Duration, used int64, err error) {
+	if err := validScope(scope); err != nil {
+		return false, 0, 0, err
+	}
+	if err := validRange("hourly tokens", perHour, 1, maxTokens); err != nil {
+		return false, 0, 0, err
+	}
+	if err := validRange("tokens", need, 0, maxTokens); err != nil {
+		return false, 0, 0, err
+	}
+	if need > perHour {
+		return false, 0, 0, fmt.Errorf("%w: %d tokens, %d an hour", ErrTooLarge, need, perHour)
+	}
+	now := l.now()
+	res, err := hourScript.Run(ctx, l.rdb, []string{key(scope, "hour")},
+		now.UnixMilli(), perHour, need, hourSlot.Milliseconds(), HourWindow.Milliseconds()).Int64Slice()
+	if err != nil {
+		return false, 0, 0, unavailable("hour", err)
+	}
+	if err := reply("hour", res, 3); err != nil {
+		return false, 0, 0, err
+	}
+	if res[0] == 1 {
+		return true, 0, res[2], nil
+	}
+	return false, until(now, res[1]), res[2], nil
 }
 
 // Pace reserves amount tokens of a paced bucket (SiteScope's, sized to the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // TestBucketNeverBelowZeroButForOverage runs 200 concurrent workers, each
@@ -20,7 +20,7 @@ import (
 // level all along: it may go below zero only by recorded overage, so at
 // every sample level ≥ −(overage recorded so far). Without overage that
 // bound is zero, which catches even a slight overdraw; with overage it is
-// the contract's bound.
+// the documented bound.
 func TestBucketNeverBelowZeroButForOverage(t *testing.T) {
 	be := redistest.Real(t)
 	for _, c := range []struct {

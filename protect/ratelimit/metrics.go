@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"faregate/protect/promreg"
+	"faregate/protect/kit/promreg"
 )
 
 // Outcome label values of faregate_ratelimit_decisions_total.
@@ -14,6 +14,7 @@ const (
 	outcomeTokenRateLimited = string(ReasonTokenRateLimited)
 	outcomeAnomaly          = "anomaly"
 	outcomeTooLarge         = "too_large"
+	outcomeHourExhausted    = "hour_exhausted"
 )
 
 // metrics are the limiter's Prometheus series. Labels name the kind of
@@ -40,8 +41,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.paceWait = promreg.Register(reg, m.paceWait)
 	// Every series exists at 0 from the start, so rate() sees its first event.
 	for kind, outcomes := range map[string][]string{
-		"gate": {outcomeAllowed, string(ReasonRateLimited), string(ReasonTooManyFailedChecks), string(ReasonAnomalyBlocked)},
-		"call": {outcomeAllowed, outcomeTokenRateLimited, outcomeAnomaly, outcomeTooLarge},
+		"gate": {outcomeAllowed, string(ReasonRateLimited), string(ReasonTooManyFailedChecks), string(ReasonAnomalyBlocked), string(ReasonInvalidRatio)},
+		"call": {outcomeAllowed, outcomeTokenRateLimited, outcomeAnomaly, outcomeTooLarge, outcomeHourExhausted},
 		"pace": {outcomeAllowed, outcomeTokenRateLimited, outcomeTooLarge},
 	} {
 		for _, o := range outcomes {
@@ -61,7 +62,7 @@ func (m *metrics) gate(d GateDecision) {
 
 // call counts a BeforeCall by the script's status code.
 func (m *metrics) call(status int64) {
-	o := [...]string{outcomeAllowed, outcomeAnomaly, outcomeTokenRateLimited, outcomeTooLarge}[status]
+	o := [...]string{outcomeAllowed, outcomeAnomaly, outcomeTokenRateLimited, outcomeTooLarge, outcomeHourExhausted, outcomeHourExhausted}[status]
 	m.decisions.WithLabelValues("call", o).Inc()
 }
 

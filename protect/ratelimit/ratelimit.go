@@ -1,7 +1,9 @@
 // Package ratelimit keeps the per-principal limits that are not counted
-// per day: the sliding window of /api requests, the sliding hour of failed
-// checks, the anomaly log of input spikes, the EMA of prompt sizes, and the
-// token buckets of principals and of the whole site.
+// per day: the sliding windows of /api requests (a minute and a second),
+// the sliding hour of failed checks, the sliding ten minutes of invalid
+// requests, the anomaly log of input spikes, the EMA of prompt sizes, the
+// sliding hour of tokens charged, and the token buckets of principals and
+// of the whole site.
 //
 // All of one principal's state lives under that principal's own hash tag,
 // faregate:rl:{<scope>}:…, so every script touches one Redis Cluster slot.
@@ -57,9 +59,15 @@ var (
 	ErrTokenRateLimited = errors.New("ratelimit: token rate limited")
 	// ErrInputSpike: a model call's prompt is an input spike (task code input_spike).
 	ErrInputSpike = errors.New("ratelimit: input spike")
+	// ErrInvalidRatio: too large a share of the principal's requests of the
+	// last ten minutes were invalid (429 invalid_ratio).
+	ErrInvalidRatio = errors.New("ratelimit: invalid ratio")
+	// ErrHourExhausted: the principal's tokens of the last hour leave no
+	// room for the amount asked (429 demo_budget_exhausted, policy hour).
+	ErrHourExhausted = errors.New("ratelimit: hourly tokens exhausted")
 )
 
-// Reason names why a request was refused. Its values are the contract's
+// Reason names why a request was refused. Its values are the documented
 // error codes (faregate/codes), so logs and metrics name a refusal as the
 // client sees it.
 type Reason string
@@ -70,6 +78,8 @@ const (
 	ReasonTooManyFailedChecks Reason = codes.TooManyFailedChecks
 	ReasonAnomalyBlocked      Reason = codes.AnomalyBlocked
 	ReasonTokenRateLimited    Reason = codes.TokenRateLimited
+	ReasonInvalidRatio        Reason = codes.InvalidRatio
+	ReasonHourExhausted       Reason = codes.DemoBudgetExhausted
 )
 
 // sentinel is the error a refusal with reason r unwraps to.
@@ -83,15 +93,40 @@ func (r Reason) sentinel() error {
 		return ErrAnomalyBlocked
 	case ReasonTokenRateLimited:
 		return ErrTokenRateLimited
+	case ReasonInvalidRatio:
+		return ErrInvalidRatio
+	case ReasonHourExhausted:
+		return ErrHourExhausted
 	}
 	return nil
 }
 
+// Window names the request window behind a rate_limited refusal: the
+// RateLimit policy a client is told about.
+type Window uint8
+
+// The request windows.
+const (
+	// WindowMinute is the requests per minute.
+	WindowMinute Window = iota
+	// WindowSecond is the requests per second.
+	WindowSecond
+	// WindowSoft is the requests per minute a principal past the soft share
+	// of its hourly tokens is held to.
+	WindowSoft
+)
+
 // RefusedError is a refusal that will lift after a known time.
 type RefusedError struct {
 	Reason Reason
+	// Window is the request window that refused, for rate_limited.
+	Window Window
 	// After is the exact time until the refusing policy admits again.
 	After time.Duration
+	// Quota is the refusing policy's quota when the refusal is not
+	// answered where the principal's tier is known (the hour's, refusing
+	// a model call); 0 otherwise.
+	Quota int64
 }
 
 // Error names the reason and the wait; it carries no principal.
@@ -141,6 +176,21 @@ const (
 	// MaxPaceWait bounds the maxWait of Pace: a model call is never told to
 	// wait longer than a day, and the arithmetic stays far from overflow.
 	MaxPaceWait = 24 * time.Hour
+	// SecondWindow is the span of the per-second request window.
+	SecondWindow = time.Second
+	// InvalidWindow is the span over which the invalid ratio is taken, and
+	// invalidSlot the width of the counters it is kept in: a request
+	// counts from its slot's start until InvalidWindow after the slot's
+	// end, so the window is never shorter than InvalidWindow.
+	InvalidWindow = 10 * time.Minute
+	invalidSlot   = 30 * time.Second
+	// HourWindow is the span of the hourly token quota, and hourSlot the
+	// width of its counters (tokens count until an hour after their
+	// minute ends).
+	HourWindow = time.Hour
+	hourSlot   = time.Minute
+	// RatioScale is the denominator of an invalid ratio in millionths.
+	RatioScale = 1_000_000
 
 	// spikeFactor and spikeMinSamples define an input spike: a prompt over
 	// spikeFactor × the EMA, once the EMA has spikeMinSamples samples.

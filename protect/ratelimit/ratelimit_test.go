@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"faregate/protect/clocktest"
-	"faregate/protect/redistest"
+	"faregate/protect/kit/testkit/clocktest"
+	"faregate/protect/kit/testkit/redistest"
 )
 
 // clock is a settable clock shared by goroutines and by both replicas.
@@ -119,6 +119,13 @@ func TestConformance(t *testing.T) {
 		{"PaceBetweenMilliseconds", testPaceBetweenMilliseconds},
 		{"PaceReplicas", testPaceReplicas},
 		{"PaceWaitTooLong", testPaceTooLong},
+		{"GatePerSecond", testGatePerSecond},
+		{"InvalidRatio", testInvalidRatio},
+		{"InvalidRatioBelow", testInvalidRatioBelow},
+		{"HourQuota", testHourQuota},
+		{"HourConcurrent", testHourConcurrent},
+		{"GateSoft", testGateSoft},
+		{"SlotsBounded", testSlotsBounded},
 		{"Idempotency", testIdempotency},
 		{"Invalid", testInvalid},
 		{"KeysAndTTLs", testKeys},
@@ -159,6 +166,12 @@ func TestUnavailable(t *testing.T) {
 			return err
 		}},
 		{"AfterCall", func() error { _, err := l.AfterCall(ctx, visA, 600, 10, 5, "o"); return err }},
+		{"Settle", func() error {
+			_, err := l.Settle(ctx, SettleRequest{Scope: visA, TokensPerHour: 100, HourSlot: 1, Reserved: 10, Actual: 5, Op: "o"})
+			return err
+		}},
+		{"Record", func() error { _, _, err := l.Record(ctx, Note{Scope: visA, Invalid: 1, Op: "o"}); return err }},
+		{"HourRoom", func() error { _, _, _, err := l.HourRoom(ctx, visA, 100, 1); return err }},
 		{"Pace", func() error { _, err := l.Pace(ctx, SiteScope, 600, 10, time.Second, "o"); return err }},
 	}
 	for _, c := range calls {
@@ -200,6 +213,22 @@ func testInvalid(t *testing.T, r *rig) {
 		{"op of 129 characters", gate(with(func(g *GateRequest) { g.Op = strings.Repeat("o", 129) }))},
 		{"zero requests per minute", gate(with(func(g *GateRequest) { g.RequestsPerMinute = 0 }))},
 		{"negative failed checks per hour", gate(with(func(g *GateRequest) { g.FailedChecksPerHour = -1 }))},
+		{"negative requests per second", gate(with(func(g *GateRequest) { g.RequestsPerSecond = -1 }))},
+		{"invalid ratio over one", gate(with(func(g *GateRequest) { g.Invalid = InvalidRule{Ratio: RatioScale + 1, MinRequests: 1} }))},
+		{"invalid ratio without a minimum", gate(with(func(g *GateRequest) { g.Invalid = InvalidRule{Ratio: 1} }))},
+		{"hour without a soft share", gate(with(func(g *GateRequest) { g.Hour = HourRule{Tokens: 10, SoftRequestsPerMinute: 1} }))},
+		{"soft share over the hour", gate(with(func(g *GateRequest) { g.Hour = HourRule{Tokens: 10, SoftTokens: 11, SoftRequestsPerMinute: 1} }))},
+		{"hour without soft requests", gate(with(func(g *GateRequest) { g.Hour = HourRule{Tokens: 10, SoftTokens: 8} }))},
+		{"record: negative requests", func() error { _, _, err := l.Record(ctx, Note{Scope: visA, Requests: -1, Op: "o"}); return err }()},
+		{"record: invalid past the bound", func() error { _, _, err := l.Record(ctx, Note{Scope: visA, Invalid: maxNote + 1, Op: "o"}); return err }()},
+		{"record: no op", func() error { _, _, err := l.Record(ctx, Note{Scope: visA, Invalid: 1}); return err }()},
+		{"call: hour without a soft share", callWith(func(c *CallRequest) { c.TokensPerHour = 10 })},
+		{"call: soft share over the hour", callWith(func(c *CallRequest) { c.TokensPerHour, c.SoftTokens = 10, 11 })},
+		{"settle: negative hour slot", func() error {
+			_, err := l.Settle(ctx, SettleRequest{Scope: visA, TokensPerHour: 10, HourSlot: -1, Op: "o"})
+			return err
+		}()},
+		{"hour room: zero quota", func() error { _, _, _, err := l.HourRoom(ctx, visA, 0, 1); return err }()},
 		{"record: zero per hour", func() error { _, _, err := l.RecordFailedCheck(ctx, visA, "o", 0); return err }()},
 		{"record: bad scope", func() error { _, _, err := l.RecordFailedCheck(ctx, "a b", "o", 3); return err }()},
 		{"peek: zero rate", func() error { _, _, err := l.Peek(ctx, visA, 0, 10); return err }()},

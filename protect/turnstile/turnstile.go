@@ -7,7 +7,6 @@ package turnstile
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"faregate/protect/kit/randhex"
 )
 
 // DummyToken is the token Cloudflare's test site keys hand to the page; test
@@ -137,7 +138,7 @@ func (c *Client) Verify(ctx context.Context, token, remoteIP string) error {
 	form := url.Values{
 		"secret":          {c.secret},
 		"response":        {token},
-		"idempotency_key": {newUUID()},
+		"idempotency_key": {randhex.UUID()},
 	}
 	if remoteIP != "" {
 		form.Set("remoteip", remoteIP)
@@ -248,16 +249,6 @@ func checkToken(token string) error {
 		return fmt.Errorf("%w: token longer than %d", ErrRejected, MaxTokenLen)
 	}
 	return nil
-}
-
-// newUUID returns a random (version 4) UUID for siteverify's idempotency_key.
-func newUUID() string {
-	var b [16]byte
-	// crypto/rand.Read never fails since Go 1.24.
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // TestVerifier is the local verifier used when no secret is configured. It

@@ -17,13 +17,14 @@ export type ErrorCode =
   | 'unsupported_media_type' // 415: not application/json
   | 'demo_ip_limit_reached' // 429: this visitor's tasks today; retryAfter = to 00:00 UTC
   | 'demo_global_limit_reached' // 429: the site's tasks today
-  | 'demo_budget_exhausted' // 429: today's token or money budget
+  | 'demo_budget_exhausted' // 429: today's token or money budget, or the principal's sliding hour of tokens
   | 'too_many_streams' // 429: too many open event streams; poll instead
-  | 'rate_limited' // 429: too many requests this minute
+  | 'rate_limited' // 429: too many requests this minute or second (fewer past the soft share of the hour)
   | 'too_many_failed_checks' // 429: too many refused attempts this hour
   | 'token_rate_limited' // 429: tokens-per-minute bucket empty
   | 'key_daily_limit_reached' // 429: the API key's tasks today
   | 'anomaly_blocked' // 429: repeated anomalies this hour
+  | 'invalid_ratio' // 429: too large a share of this principal's last 10 minutes' requests were invalid
   | 'internal_error' // 500
   | 'demo_protection_unavailable' // 503: Turnstile or Redis down; nothing counted
   | 'model_unavailable' // 503: model breaker open, no fallback
@@ -37,7 +38,8 @@ export type ErrorCode =
   | 'input_spike' // 429 (/v1): a prompt far over the principal's average; the task ends
   | 'task_finished' // 409 (/v1): the task's result was already taken
   | 'event_limit' // 429 (/v1): the task's progress events are used up
-  | 'tool_limit'; // 429 (/v1): the task's tool calls are used up
+  | 'tool_limit' // 429 (/v1): the task's tool calls are used up
+  | 'upstream_invalid'; // 502 (/v1): the provider's answer passed its reservation and could not be cut
 
 /** Codes the client itself produces. */
 export type ClientErrorCode =
@@ -69,7 +71,9 @@ export type WarningCode =
   | 'time_limit'
   | 'tool_loop'
   | 'low_precision'
-  | 'fallback_model';
+  | 'fallback_model'
+  | 'throttled' // the principal was past the soft share of its hourly tokens
+  | 'downgraded'; // so its model calls went to the fallback model first
 
 export type TaskStatus = 'queued' | 'running' | 'succeeded' | 'failed';
 
@@ -237,9 +241,26 @@ export interface UsageReport {
   tier: string;
   /** Today, UTC, as YYYY-MM-DD. */
   day: string;
-  limits: { tasks_per_day: number; tokens_per_day: number; tokens_per_minute: number; requests_per_minute: number; max_site_share: number };
+  limits: {
+    tasks_per_day: number;
+    tokens_per_day: number;
+    tokens_per_minute: number;
+    requests_per_minute: number;
+    /** 0: no second window. */
+    requests_per_second: number;
+    /** 0: no hourly quota. */
+    tokens_per_hour: number;
+    /** With an hourly quota: the share from which the key is throttled, and its window then. */
+    soft_at?: number;
+    soft_requests_per_minute?: number;
+    max_site_share: number;
+  };
   used: { tasks: number; tokens: number };
   remaining: { tasks: number; tokens: number };
+  /** Past the soft share of the hour: held to soft_requests_per_minute, model calls to the fallback first. */
+  throttled: boolean;
+  /** With an hourly quota: the sliding hour's tokens, charged and held by calls in flight. */
+  hour?: { tokens: number; remaining: number; soft_tokens: number };
 }
 
 /** One event of a task stream. */

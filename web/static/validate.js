@@ -2,7 +2,7 @@
 // without spending a Turnstile token. The server stays the authority: these
 // rules only spare a round trip.
 
-/** DEFAULT_LIMITS are the contract's limits, used until /api/config says otherwise. */
+/** DEFAULT_LIMITS are the documented limits, used until /api/config says otherwise. */
 export const DEFAULT_LIMITS = Object.freeze({
   destination_max: 80,
   days_min: 1,
