@@ -119,7 +119,7 @@ func (u *exactUpstream) serveMessages(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c := exactUpCall{task: req.Task, kind: "messages", prompt: u.counter.Chat(msgs, ""), limit: req.MaxTokens,
-		under: u.underReport && exactUnder(req.Task, req.Call)}
+		under: u.chooseUnder(req.Task, req.Call)}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
@@ -179,12 +179,12 @@ func (u *exactUpstream) serveMessages(w http.ResponseWriter, r *http.Request) {
 
 // messages makes call i as a Messages stream on Anthropic's Go SDK,
 // asking max_tokens far above the task's cap.
-func (a *exactAgent) messages(ctx context.Context, hangUp context.CancelFunc, d delivery, base string, i int, prompt string, asked int64, under bool) exactResult {
+func (a *exactAgent) messages(ctx context.Context, hangUp context.CancelFunc, d delivery, base string, i int, prompt string, asked int64) exactResult {
 	id := d.Body.Task.ID
-	res := exactResult{task: id, kind: "messages", call: i, under: under}
+	res := exactResult{task: id, kind: "messages", call: i}
 	c := anthropic.NewClient(option.WithBaseURL(base), option.WithAPIKey(d.Body.Anthropic.APIKey), option.WithMaxRetries(0),
 		option.WithJSONSet("exact_task", id), option.WithJSONSet("exact_call", i))
-	hangAt := a.hangAt(id, i)
+	hangAt := -1
 	var hdr *http.Response
 	stream := c.Messages.NewStreaming(ctx, anthropic.MessageNewParams{Model: anthropic.Model(d.Body.Anthropic.Model), MaxTokens: asked,
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(prompt))}}, option.WithResponseInto(&hdr))
@@ -200,6 +200,9 @@ func (a *exactAgent) messages(ctx context.Context, hangUp context.CancelFunc, d 
 		return int64(n)
 	}
 	for events := 0; stream.Next(); events++ {
+		if events == 0 {
+			hangAt = a.hangAt(id, i)
+		}
 		if events == hangAt {
 			hangUp()
 			_ = stream.Close()
@@ -216,12 +219,13 @@ func (a *exactAgent) messages(ctx context.Context, hangUp context.CancelFunc, d 
 	}
 	n := pieces()
 	res.read = exactPromptTokens(a.model)[i] + n
+	res.under = a.up.wasUnder(id, i)
 	u := msg.Usage
 	switch {
 	case res.err != "":
 	case msg.StopReason != "max_tokens":
 		res.err = fmt.Sprintf("stop_reason %q, want max_tokens", msg.StopReason)
-	case under:
+	case res.under:
 	case u.OutputTokens != n || u.InputTokens <= 0 || u.CacheReadInputTokens != exactCacheRead || u.CacheCreationInputTokens != exactCacheWrite:
 		res.err = fmt.Sprintf("usage %+v, read %d tokens", u, n)
 	}

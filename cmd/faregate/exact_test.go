@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,6 +155,7 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 	up := newExactUpstream(t, model)
 	up.underReport = sc.underReport
 	ag := newExactAgent(t, sc, model)
+	ag.up = up
 	n := sc.tasks()
 	env := realRedisEnv(be.URL, map[string]string{
 		"FAREGATE_AGENT_URL": ag.srv.URL, "FAREGATE_AGENT_SECRET": agentSecret,
@@ -337,6 +339,11 @@ func exactRun(t *testing.T, sc exactScale) []exactResult {
 	// budget's, the usage it was told equal to what the ledger charged,
 	// and every call charged at least what the client read of it.
 	res := ag.snapshot()
+	for i := range res {
+		// A call hung up on early may have been served after the agent
+		// left: ask the upstream now that every call is over.
+		res[i].under = up.wasUnder(res[i].task, res[i].call)
+	}
 	streams, refused, abandoned, closed, under, cutChat, cutResp, clientSum := exactClientChecks(t, res, led)
 	if streams+refused+abandoned != n*sc.calls {
 		t.Errorf("%d streams + %d refusals + %d hung up, want %d calls", streams, refused, abandoned, n*sc.calls)
@@ -460,11 +467,13 @@ type exactUpstream struct {
 	srv     *httptest.Server
 	counter tokens.Counter
 	words   []string
-	// underReport: half the calls (exactUnder) report 0 tokens.
+	// underReport: every second call served reports 0 tokens (underOf).
 	underReport bool
 
-	mu    sync.Mutex
-	calls []exactUpCall
+	mu      sync.Mutex
+	calls   []exactUpCall
+	served  int
+	underOf map[string]bool // by task and call, what the upstream chose
 }
 
 // exactUpCall is one call as the upstream served it: generated is what it
@@ -486,7 +495,7 @@ func (c *exactUpCall) reported() (prompt, output int64) {
 }
 
 func newExactUpstream(t testing.TB, model string) *exactUpstream {
-	u := &exactUpstream{t: t, counter: tokens.ForModel(model)}
+	u := &exactUpstream{t: t, counter: tokens.ForModel(model), underOf: map[string]bool{}}
 	if !u.counter.Known() {
 		t.Fatalf("no tokenizer for %s", model)
 	}
@@ -504,6 +513,31 @@ func newExactUpstream(t testing.TB, model string) *exactUpstream {
 	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(u.srv.Close)
 	return u
+}
+
+// chooseUnder says whether the upstream reports 0 tokens for call i of
+// task id, which it is about to serve: every second call it serves. The
+// choice is made where a call is sure to be served, not by the agent
+// before it calls: a choice made beforehand could fall only on calls the
+// caps then refuse, and a run would have no hostile case to check.
+func (u *exactUpstream) chooseUnder(id string, i int) bool {
+	if !u.underReport {
+		return false
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.served++
+	under := u.served%2 == 0
+	u.underOf[fmt.Sprintf("%s/%d", id, i)] = under
+	return under
+}
+
+// wasUnder says whether the upstream reported 0 tokens for call i of
+// task id (false for a call it never served).
+func (u *exactUpstream) wasUnder(id string, i int) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.underOf[fmt.Sprintf("%s/%d", id, i)]
 }
 
 func (u *exactUpstream) snapshot() []exactUpCall {
@@ -581,7 +615,7 @@ func (u *exactUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		u.t.Errorf("upstream: the agent's extra field did not pass through: %s", raw)
 	}
 	c := exactUpCall{task: req.Task, kind: kind, prompt: u.counter.Chat(msgs, ""), limit: limit,
-		under: u.underReport && exactUnder(req.Task, req.Call)}
+		under: u.chooseUnder(req.Task, req.Call)}
 	if kind == "chat" && !req.StreamOptions.IncludeUsage {
 		u.t.Errorf("upstream: a chat stream without stream_options.include_usage")
 	}
@@ -701,6 +735,10 @@ type exactAgent struct {
 	all       chan struct{}
 	results   []exactResult
 	running   sync.WaitGroup
+	// up tells which calls it reported as 0 tokens; started counts the
+	// calls whose first event arrived (hangAt).
+	up      *exactUpstream
+	started atomic.Int64
 }
 
 // exactResult is one call as the client read it.
@@ -718,28 +756,19 @@ type exactResult struct {
 	err              string // why the call was not as it must be
 }
 
-// exactUnder says whether the upstream reports 0 tokens for call i of
-// task id: half the calls, spread over the tasks and the calls' kinds.
-func exactUnder(id string, i int) bool {
-	h := fnv.New32a()
-	fmt.Fprintf(h, "under/%s/%d", id, i)
-	return h.Sum32()%2 == 0
-}
-
 // hangAt is the event after which the agent hangs up on call i of task id
-// (-1: it reads the call to its end): half the calls, at a point spread
-// over the first 30 events.
+// (-1: it reads the call to its end), chosen when the call's first event
+// arrives: every second call that gets one, so that any run with two
+// streams has a hang-up whichever calls the caps refused, at a point
+// spread over the first 30 events. (FNV-1a's low bit is the parity of the
+// bytes hashed, not a coin: the point is taken from higher bits.)
 func (a *exactAgent) hangAt(id string, i int) int {
-	if !a.sc.hangUps {
+	if !a.sc.hangUps || a.started.Add(1)%2 == 1 {
 		return -1
 	}
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%s/%d", id, i)
-	n := int(h.Sum32())
-	if n%2 == 0 {
-		return -1
-	}
-	return (n / 2) % 30
+	return int(h.Sum32()>>8) % 30
 }
 
 func newExactAgent(t testing.TB, sc exactScale, model string) *exactAgent {
@@ -812,15 +841,14 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	kind := a.sc.kinds[i%len(a.sc.kinds)]
 	ctx, hangUp := context.WithCancel(ctx)
 	defer hangUp()
-	under := a.sc.underReport && exactUnder(id, i)
 	switch kind {
 	case 'r':
-		return a.responses(ctx, hangUp, c, id, i, prompt, asked, under)
+		return a.responses(ctx, hangUp, c, id, i, prompt, asked)
 	case 'a':
-		return a.messages(ctx, hangUp, d, base, i, prompt, asked, under)
+		return a.messages(ctx, hangUp, d, base, i, prompt, asked)
 	}
-	res := exactResult{task: id, kind: "chat", call: i, under: under}
-	hangAt := a.hangAt(id, i)
+	res := exactResult{task: id, kind: "chat", call: i}
+	hangAt := -1
 	var hdr *http.Response
 	p := openai.ChatCompletionNewParams{Model: d.Body.OpenAI.Model,
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
@@ -838,6 +866,9 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	var usage openai.CompletionUsage
 	finish, lastFinish := "", false
 	for events := 0; stream.Next(); events++ {
+		if events == 0 {
+			hangAt = a.hangAt(id, i)
+		}
 		if events == hangAt {
 			// The agent hangs up: the provider has the prompt and goes on.
 			hangUp()
@@ -868,11 +899,13 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 		return res
 	}
 	res.read = exactPromptTokens(a.model)[i] + pieces
+	// The stream ended: the upstream has made its choice.
+	res.under = a.up.wasUnder(id, i)
 	switch {
 	case res.err != "":
 	case finish != "length":
 		res.err = fmt.Sprintf("finish_reason %q, want length", finish)
-	case under:
+	case res.under:
 		// The provider's usage chunk (0) is relayed as it came; what is
 		// charged is checked against the ledger.
 	case usageChunks != 1:
@@ -884,9 +917,9 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	return res
 }
 
-func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c openai.Client, id string, i int, prompt string, asked int64, under bool) exactResult {
-	res := exactResult{task: id, kind: "responses", call: i, under: under}
-	hangAt := a.hangAt(id, i)
+func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c openai.Client, id string, i int, prompt string, asked int64) exactResult {
+	res := exactResult{task: id, kind: "responses", call: i}
+	hangAt := -1
 	var hdr *http.Response
 	stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: a.model,
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}, MaxOutputTokens: openai.Int(asked)},
@@ -899,6 +932,9 @@ func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c
 	var final responses.Response
 	last := ""
 	for events := 0; stream.Next(); events++ {
+		if events == 0 {
+			hangAt = a.hangAt(id, i)
+		}
 		if events == hangAt {
 			hangUp()
 			_ = stream.Close()
@@ -922,13 +958,14 @@ func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c
 		return res
 	}
 	res.read = exactPromptTokens(a.model)[i] + pieces
+	res.under = a.up.wasUnder(id, i)
 	switch {
 	case res.err != "":
 	case last != "response.incomplete":
 		res.err = fmt.Sprintf("last event %q, want response.incomplete", last)
 	case final.Status != "incomplete" || final.IncompleteDetails.Reason != "max_output_tokens":
 		res.err = fmt.Sprintf("final status %q reason %q", final.Status, final.IncompleteDetails.Reason)
-	case under:
+	case res.under:
 	case final.Usage.OutputTokens != pieces || final.Usage.InputTokens <= 0 || final.OutputText() == "" ||
 		int64(strings.Count(final.OutputText(), " ")) != pieces:
 		res.err = fmt.Sprintf("usage %+v, read %d tokens, output %d pieces", final.Usage, pieces, strings.Count(final.OutputText(), " "))
