@@ -417,19 +417,26 @@ type httpStatusError struct{ status int }
 func (e httpStatusError) Error() string   { return fmt.Sprintf("provider answered %d", e.status) }
 func (e httpStatusError) HTTPStatus() int { return e.status }
 
+// ledgerGovernor is a rig's governor on a budget and ledger in a
+// miniredis of its own, on a fixed day, whose task scope holds taskCap
+// tokens (the site and principal scopes hold more than any test spends).
+func ledgerGovernor(t *testing.T, taskCap int64) (*redis.Client, *budget.Budget, *govern.Governor) {
+	rdb := redistest.Mini(t).Client
+	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
+	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: taskCap}})
+	r := newRig(answers(chat.Usage{}))
+	d := r.deps()
+	d.Budget, d.Ledger = bud, budget.NewLedger(rdb, clock)
+	return rdb, bud, NewWorkflow(r.cfg, d).Governor()
+}
+
 // TestLedgerEntryForBilling: a governed call's ledger entry carries what
 // billing reads: the principal's tier, the provider's HTTP status (200
 // when it answered, its error status, 0 when no answer came), and the
 // reasoning and cache tokens the provider reported (none when it
 // reported no usage).
 func TestLedgerEntryForBilling(t *testing.T) {
-	rdb := redistest.Mini(t).Client
-	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
-	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1 << 40}})
-	r := newRig(answers(chat.Usage{}))
-	d := r.deps()
-	d.Budget, d.Ledger = bud, budget.NewLedger(rdb, clock)
-	g := NewWorkflow(r.cfg, d).Governor()
+	rdb, _, g := ledgerGovernor(t, 1<<40)
 	rec := record(lisbon)
 	rec.Tier, rec.Limits.TokensPerDay, rec.Limits.TierTokens = "partner", 1<<40, 1<<40
 	spec := govern.Spec{TaskID: rec.ID, RequestID: "req-bill", Principal: govern.PrincipalOf(rec), Kind: "chat", PromptTokens: 500,
@@ -472,13 +479,7 @@ func TestLedgerEntryForBilling(t *testing.T) {
 // shrunk, when even its prompt does not fit: 500 embedding calls in flight
 // once each held a whole output limit (1,024 tokens) of their task.
 func TestGovernorNoOutput(t *testing.T) {
-	rdb := redistest.Mini(t).Client
-	clock := func() time.Time { return time.Date(2026, 8, 15, 12, 0, 0, 0, time.UTC) }
-	bud := budget.New(rdb, budget.Options{Now: clock, Limits: budget.Limits{Site: 1 << 40, Principal: 1 << 40, Task: 1000}})
-	r := newRig(answers(chat.Usage{}))
-	d := r.deps()
-	d.Budget, d.Ledger = bud, budget.NewLedger(rdb, clock)
-	g := NewWorkflow(r.cfg, d).Governor()
+	_, bud, g := ledgerGovernor(t, 1000)
 	rec := record(lisbon)
 	rec.Limits.TokensPerDay, rec.Limits.TierTokens = 1<<40, 1<<40
 	spec := govern.Spec{TaskID: rec.ID, RequestID: "req-embed", Principal: govern.PrincipalOf(rec), Kind: "embeddings", PromptTokens: 300,

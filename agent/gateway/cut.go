@@ -60,6 +60,22 @@ type textRef struct {
 	name, loop bool
 }
 
+// textRefs collects an answer's texts for chatTexts and responseTexts.
+type textRefs []textRef
+
+// add appends m[key] if it is present and not null; it returns false when
+// the member is there but not a string: such an answer cannot be cut well
+// formed (errNotCuttable).
+func (r *textRefs) add(m map[string]any, key string, group int, name, loop bool) bool {
+	raw, present := m[key]
+	if !present || raw == nil {
+		return true
+	}
+	s, ok := raw.(string)
+	*r = append(*r, textRef{m: m, key: key, text: s, group: group, name: name, loop: loop})
+	return ok
+}
+
 // cutAnswer cuts a JSON answer of kind (KindChat or KindResponses) at limit
 // output tokens counted for model (0: no limit), or where loop (nil: none)
 // finds the output repeating, whichever comes first. It returns the answer
@@ -189,16 +205,8 @@ func chatTexts(v map[string]any) ([]textRef, func(int), bool) {
 	if msg == nil {
 		return nil, nil, false
 	}
-	var refs []textRef
-	add := func(m map[string]any, key string, group int, name, loop bool) bool {
-		raw, present := m[key]
-		if !present || raw == nil {
-			return true
-		}
-		s, ok := raw.(string)
-		refs = append(refs, textRef{m: m, key: key, text: s, group: group, name: name, loop: loop})
-		return ok
-	}
+	var refs textRefs
+	add := refs.add
 	for _, k := range []string{"reasoning_content", "reasoning", "content", "refusal"} {
 		if !add(msg, k, -1, false, k == "content") {
 			return nil, nil, false
@@ -245,16 +253,8 @@ func responseTexts(v map[string]any) ([]textRef, func(int), bool) {
 	if !ok {
 		return nil, nil, false
 	}
-	var refs []textRef
-	add := func(m map[string]any, key string, group int, name, loop bool) bool {
-		raw, present := m[key]
-		if !present || raw == nil {
-			return true
-		}
-		s, ok := raw.(string)
-		refs = append(refs, textRef{m: m, key: key, text: s, group: group, name: name, loop: loop})
-		return ok
-	}
+	var refs textRefs
+	add := refs.add
 	parts := func(it map[string]any, key string, group int) bool {
 		list, _ := it[key].([]any)
 		for _, p := range list {

@@ -190,11 +190,18 @@ func (testErrorWriter) ErrorEvent(r *http.Request, err error) []byte {
 // reading a POST body whole (the router's gate is tested in package api).
 func testMux(h Handlers) http.Handler {
 	calls := map[string]Call{"/v1/chat/completions": h.Chat, "/v1/responses": h.Responses, "/v1/embeddings": h.Embeddings}
+	return routeTest(calls, h.Models, h.Model, writeTestError)
+}
+
+// routeTest is the router testMux and msgMux share: POST calls by path,
+// the two model lookups, and writeErr for a body that cannot be read and
+// for any other route.
+func routeTest(calls map[string]Call, models, model http.Handler, writeErr func(http.ResponseWriter, *http.Request, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c, ok := calls[r.URL.Path]; ok && r.Method == http.MethodPost {
 			body, err := io.ReadAll(r.Body)
 			if err != nil {
-				writeTestError(w, r, invalid("body", "could not be read"))
+				writeErr(w, r, invalid("body", "could not be read"))
 				return
 			}
 			c(w, r, body)
@@ -202,11 +209,11 @@ func testMux(h Handlers) http.Handler {
 		}
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
-			h.Models.ServeHTTP(w, r)
+			models.ServeHTTP(w, r)
 		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/models/"):
-			h.Model.ServeHTTP(w, r)
+			model.ServeHTTP(w, r)
 		default:
-			writeTestError(w, r, ErrNotFound)
+			writeErr(w, r, ErrNotFound)
 		}
 	})
 }

@@ -18,6 +18,7 @@ import (
 
 	"faregate/protect/budget"
 	"faregate/protect/codes"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // jsonUpstream answers every call with the JSON answer of the moment.
@@ -432,26 +433,46 @@ func (b blockingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // call's deadline, its reservation (timeout, 503 before the first byte);
 // a stream past its deadline ends well formed (timeout) with what passed;
 // a call whose request was never written, nothing.
+// hangUpOnceSent makes call (a prompt of at least 500 tokens, to an
+// upstream that never answers), leaves it as soon as up has the request,
+// and checks the call was charged its whole reservation as client_closed:
+// the provider has the prompt and bills for it.
+func hangUpOnceSent(t *testing.T, up *scripted, gov *fakeGov, call func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The watcher reports on a channel rather than through t: it must not
+	// outlive the test, and the call must end even if the request never
+	// reaches the provider.
+	sent := make(chan bool, 1)
+	go func() {
+		ok := clocktest.Poll(10*time.Second, func() bool { up.mu.Lock(); defer up.mu.Unlock(); return len(up.bodies) > 0 })
+		cancel()
+		sent <- ok
+	}()
+	err := call(ctx)
+	if !<-sent {
+		t.Fatalf("the provider never had the call (the call ended with %v)", err)
+	}
+	if err == nil {
+		t.Fatal("no error for a call the client left")
+	}
+	<-up.gone
+	_, a, out, _ := gov.last(t)
+	if !out.Sent || out.Ended != budget.OutcomeClientClosed || out.Counted != a.MaxOutput || out.Usage.Prompt < 500 {
+		t.Fatalf("outcome %+v: want the reservation (%d), client_closed", out, a.MaxOutput)
+	}
+}
+
 func TestChargedOnceSent(t *testing.T) {
 	t.Run("hang-up after the write", func(t *testing.T) {
 		up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) { <-r.Context().Done() })
 		e := newEnv(t, up.upstream(), nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			waitFor(t, "the provider to have the call", func() bool { up.mu.Lock(); defer up.mu.Unlock(); return len(up.bodies) > 0 })
-			cancel()
-		}()
-		_, err := e.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel,
-			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("word ", 500))}})
-		if err == nil {
-			t.Fatal("no error for a call the client left")
-		}
-		<-up.gone
-		_, a, out, _ := e.gov.last(t)
-		if !out.Sent || out.Ended != budget.OutcomeClientClosed || out.Counted != a.MaxOutput || out.Usage.Prompt < 500 {
-			t.Fatalf("outcome %+v: want the reservation (%d), client_closed", out, a.MaxOutput)
-		}
+		hangUpOnceSent(t, up, e.gov, func(ctx context.Context) error {
+			_, err := e.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel,
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("word ", 500))}})
+			return err
+		})
 	})
 	t.Run("JSON past the call's deadline", func(t *testing.T) {
 		up := newScripted(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) { <-r.Context().Done() })

@@ -61,21 +61,7 @@ func (e testAnthropicErrors) ErrorEvent(r *http.Request, err error) []byte {
 // a POST body whole.
 func msgMux(h MessagesHandlers) http.Handler {
 	calls := map[string]Call{"/v1/messages": h.Messages, "/v1/messages/count_tokens": h.CountTokens}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := calls[r.URL.Path]; ok && r.Method == http.MethodPost {
-			body, _ := io.ReadAll(r.Body)
-			c(w, r, body)
-			return
-		}
-		switch {
-		case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
-			h.Models.ServeHTTP(w, r)
-		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/models/"):
-			h.Model.ServeHTTP(w, r)
-		default:
-			testAnthropicErrors{}.WriteError(w, r, ErrNotFound)
-		}
-	})
+	return routeTest(calls, h.Models, h.Model, testAnthropicErrors{}.WriteError)
 }
 
 // msgEnv is the Messages handler in front of an upstream of one wire, and

@@ -362,23 +362,15 @@ func TestMessagesChargedOnceSent(t *testing.T) {
 	t.Run("hang-up after the write", func(t *testing.T) {
 		up := newAnthropicUpstream(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) { <-r.Context().Done() })
 		e := newMsgEnv(t, up.upstream(), WireAnthropic, nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			waitFor(t, "the provider to have the call", func() bool { up.mu.Lock(); defer up.mu.Unlock(); return len(up.bodies) > 0 })
-			cancel()
-		}()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/messages", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			t.Fatal("an answer to a call the client left")
-		}
-		<-up.gone
-		_, a, out, _ := e.gov.last(t)
-		if !out.Sent || out.Ended != budget.OutcomeClientClosed || out.Counted != a.MaxOutput || out.Usage.Prompt < 500 {
-			t.Fatalf("outcome %+v: want the reservation (%d), client_closed", out, a.MaxOutput)
-		}
+		hangUpOnceSent(t, up.scripted, e.gov, func(ctx context.Context) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/messages", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		})
 	})
 	t.Run("past the call's deadline", func(t *testing.T) {
 		up := newAnthropicUpstream(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) { <-r.Context().Done() })

@@ -13,11 +13,13 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 
 	"faregate/protect/budget"
+	"faregate/protect/kit/testkit/clocktest"
 )
 
 // endless streams content chunks until the request ends, ignoring every
@@ -657,8 +659,9 @@ func TestTaskEndBeforeAnswer(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(r.Context())
 		defer cancel(nil)
 		go func() {
-			// The task ends once the provider holds the call.
-			waitFor(t, "the provider to get the call", func() bool {
+			// The task ends once the provider holds the call (or after
+			// 10 s: the test fails below, never through t from here).
+			clocktest.Poll(10*time.Second, func() bool {
 				up.mu.Lock()
 				defer up.mu.Unlock()
 				return len(up.bodies) > 0
@@ -670,6 +673,12 @@ func TestTaskEndBeforeAnswer(t *testing.T) {
 	r, b := e.post(t, "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[]}`)
 	if code, _, _ := errorOf(t, b); r.StatusCode != 409 || code != "task_finished" {
 		t.Fatalf("%d %s", r.StatusCode, b)
+	}
+	up.mu.Lock()
+	got := len(up.bodies)
+	up.mu.Unlock()
+	if got == 0 {
+		t.Fatal("the provider never got the call")
 	}
 	<-up.gone
 	// The provider had the request: a JSON call is charged its whole

@@ -25,9 +25,9 @@ func (b *Budget) dayOp(kind byte, day string) *op {
 	return o
 }
 
-func (b *Budget) reserveOp(r Reservation, expiry int64) *op {
-	o := b.principalOp(opReserve, r.Day, r.Principal)
-	h := &o.hdr
+// slotReservation writes the fields that open a reservation's reserve and
+// settle in its principal's slot, in the order the script reads them.
+func (h *header) slotReservation(r Reservation) {
 	h.str(r.ID)
 	h.str(r.Day)
 	h.str(bucketHex(bucketOf(r.Principal)))
@@ -36,6 +36,23 @@ func (b *Budget) reserveOp(r Reservation, expiry int64) *op {
 	h.str(r.Tier)
 	h.num(r.Tokens)
 	h.num(r.CostMicro)
+}
+
+// dayReservation writes the fields that open a direct reservation's
+// reserve and settle in the day's slot, in the order the script reads
+// them.
+func (h *header) dayReservation(r Reservation) {
+	h.str(r.ID)
+	h.str(r.Day)
+	h.num(r.Tokens)
+	h.num(r.CostMicro)
+	h.str(r.Tier)
+}
+
+func (b *Budget) reserveOp(r Reservation, expiry int64) *op {
+	o := b.principalOp(opReserve, r.Day, r.Principal)
+	h := &o.hdr
+	h.slotReservation(r)
 	h.num(r.PrincipalLimit)
 	h.num(b.limits.Task)
 	h.num(expiry)
@@ -45,14 +62,7 @@ func (b *Budget) reserveOp(r Reservation, expiry int64) *op {
 func (b *Budget) settleOp(r Reservation, c charge) *op {
 	o := b.principalOp(opSettle, r.Day, r.Principal)
 	h := &o.hdr
-	h.str(r.ID)
-	h.str(r.Day)
-	h.str(bucketHex(bucketOf(r.Principal)))
-	h.str(r.Principal)
-	h.str(r.Task)
-	h.str(r.Tier)
-	h.num(r.Tokens)
-	h.num(r.CostMicro)
+	h.slotReservation(r)
 	h.num(c.tokens())
 	h.num(c.cost)
 	e := c.entry
@@ -127,11 +137,7 @@ func (b *Budget) affordOp(id string, a AffordRequest) *op {
 func (b *Budget) directOp(r Reservation, expiry int64) *op {
 	o := b.dayOp(opDirect, r.Day)
 	h := &o.hdr
-	h.str(r.ID)
-	h.str(r.Day)
-	h.num(r.Tokens)
-	h.num(r.CostMicro)
-	h.str(r.Tier)
+	h.dayReservation(r)
 	h.num(b.limits.Site)
 	h.num(b.limits.SpendMicro)
 	h.num(r.TierLimit)
@@ -146,11 +152,7 @@ func (b *Budget) directOp(r Reservation, expiry int64) *op {
 func (b *Budget) directSettleOp(r Reservation, c charge, force bool) *op {
 	o := b.dayOp(opDirectEnd, r.Day)
 	h := &o.hdr
-	h.str(r.ID)
-	h.str(r.Day)
-	h.num(r.Tokens)
-	h.num(r.CostMicro)
-	h.str(r.Tier)
+	h.dayReservation(r)
 	h.num(c.tokens())
 	h.num(c.cost)
 	h.str(r.Principal)

@@ -220,39 +220,46 @@ end
 -- earliest expiry of the open ones (or one since settled), so a batch
 -- reads one field to know whether anything is due, and scans the open
 -- reservations only when something is.
+-- reapDue is the reaper of one hash of open reservations (a slot's res,
+-- a day's dres): it calls give(id, info) for at most 256 whose expiry has
+-- passed and returns the earliest expiry left open (nil: none).
+local function reapDue(hash, give)
+  local nxt = tonumber(redis.call('HGET', hash, '~next'))
+  if not (nxt and nxt <= now) then return nxt end
+  local all, n = redis.call('HGETALL', hash), 0
+  nxt = nil
+  for i = 1, #all, 2 do
+    local id = all[i]
+    local exp, info = string.match(all[i + 1], '^(%d+)|(.*)$')
+    if id ~= '~next' and exp then
+      exp = tonumber(exp)
+      if exp <= now and n < 256 then
+        give(id, info)
+        n = n + 1
+      elseif not nxt or exp < nxt then
+        nxt = exp
+      end
+    end
+  end
+  if nxt then redis.call('HSET', hash, '~next', int(nxt)) else redis.call('HDEL', hash, '~next') end
+  return nxt
+end
+-- markDue records a new open reservation's expiry in hash's ~next, and in
+-- memo[key], what this batch knows of it.
+local function markDue(hash, memo, key, exp)
+  local nxt = memo[key]
+  if not nxt or exp < nxt then
+    redis.call('HSET', hash, '~next', int(exp))
+    memo[key] = exp
+  end
+end
 local nextOf = {}
 local function reapBucket(B)
   if nextOf[B] ~= nil then return end
-  local res = B .. 'res'
-  local nxt = tonumber(redis.call('HGET', res, '~next'))
-  if nxt and nxt <= now then
-    local all, n = redis.call('HGETALL', res), 0
-    nxt = nil
-    for i = 1, #all, 2 do
-      local id = all[i]
-      local exp, info = string.match(all[i + 1], '^(%d+)|(.*)$')
-      if id ~= '~next' and exp then
-        exp = tonumber(exp)
-        if exp <= now and n < 256 then
-          giveBack(B, id, info)
-          n = n + 1
-        elseif not nxt or exp < nxt then
-          nxt = exp
-        end
-      end
-    end
-    if nxt then redis.call('HSET', res, '~next', int(nxt)) else redis.call('HDEL', res, '~next') end
-  end
-  nextOf[B] = nxt or false
+  nextOf[B] = reapDue(B .. 'res', function(id, info) giveBack(B, id, info) end) or false
 end
 -- due records a new open reservation's expiry in its slot's ~next.
-local function due(B, exp)
-  local nxt = nextOf[B]
-  if not nxt or exp < nxt then
-    redis.call('HSET', B .. 'res', '~next', int(exp))
-    nextOf[B] = exp
-  end
-end
+local function due(B, exp) markDue(B .. 'res', nextOf, B, exp) end
 
 -- Redis's own clock, read once per batch: leases expire by it, never by
 -- a replica's.
@@ -323,35 +330,9 @@ local function reapDay(D, day)
     local ids = redis.call('ZRANGEBYSCORE', D .. 'leases', '-inf', time(), 'LIMIT', 0, 16)
     for _, id in ipairs(ids) do expireLease(D, day, id) end
   end
-  local dres = D .. 'dres'
-  local nxt = tonumber(redis.call('HGET', dres, '~next'))
-  if nxt and nxt <= now then
-    local all, n = redis.call('HGETALL', dres), 0
-    nxt = nil
-    for i = 1, #all, 2 do
-      local id = all[i]
-      local exp, info = string.match(all[i + 1], '^(%d+)|(.*)$')
-      if id ~= '~next' and exp then
-        exp = tonumber(exp)
-        if exp <= now and n < 256 then
-          giveBackDirect(D, id, info)
-          n = n + 1
-        elseif not nxt or exp < nxt then
-          nxt = exp
-        end
-      end
-    end
-    if nxt then redis.call('HSET', dres, '~next', int(nxt)) else redis.call('HDEL', dres, '~next') end
-  end
-  dayNext[D] = nxt or false
+  dayNext[D] = reapDue(D .. 'dres', function(id, info) giveBackDirect(D, id, info) end) or false
 end
-local function dueDay(D, exp)
-  local nxt = dayNext[D]
-  if not nxt or exp < nxt then
-    redis.call('HSET', D .. 'dres', '~next', int(exp))
-    dayNext[D] = exp
-  end
-end
+local function dueDay(D, exp) markDue(D .. 'dres', dayNext, D, exp) end
 
 local ops = {}
 -- refusedR are the ids whose R this batch refused: their D, sent at once
