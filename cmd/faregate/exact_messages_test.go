@@ -184,7 +184,7 @@ func (a *exactAgent) messages(ctx context.Context, hangUp context.CancelFunc, d 
 	res := exactResult{task: id, kind: "messages", call: i}
 	c := anthropic.NewClient(option.WithBaseURL(base), option.WithAPIKey(d.Body.Anthropic.APIKey), option.WithMaxRetries(0),
 		option.WithJSONSet("exact_task", id), option.WithJSONSet("exact_call", i))
-	hangAt := -1
+	hangsUp := a.hanger(id, i)
 	var hdr *http.Response
 	stream := c.Messages.NewStreaming(ctx, anthropic.MessageNewParams{Model: anthropic.Model(d.Body.Anthropic.Model), MaxTokens: asked,
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(prompt))}}, option.WithResponseInto(&hdr))
@@ -200,10 +200,7 @@ func (a *exactAgent) messages(ctx context.Context, hangUp context.CancelFunc, d 
 		return int64(n)
 	}
 	for events := 0; stream.Next(); events++ {
-		if events == 0 {
-			hangAt = a.hangAt(id, i)
-		}
-		if events == hangAt {
+		if hangsUp(events) {
 			hangUp()
 			_ = stream.Close()
 			res.abandoned, res.read = true, exactPromptTokens(a.model)[i]+pieces()

@@ -771,6 +771,19 @@ func (a *exactAgent) hangAt(id string, i int) int {
 	return int(h.Sum32()>>8) % 30
 }
 
+// hanger is the test each event of call i of task id passes: true at the
+// event after which the agent hangs up, chosen by hangAt when the first
+// event arrives.
+func (a *exactAgent) hanger(id string, i int) func(events int) bool {
+	at := -1
+	return func(events int) bool {
+		if events == 0 {
+			at = a.hangAt(id, i)
+		}
+		return events == at
+	}
+}
+
 func newExactAgent(t testing.TB, sc exactScale, model string) *exactAgent {
 	a := &exactAgent{t: t, sc: sc, model: model, all: make(chan struct{})}
 	a.srv = httptest.NewServer(http.HandlerFunc(a.serve))
@@ -848,7 +861,7 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 		return a.messages(ctx, hangUp, d, base, i, prompt, asked)
 	}
 	res := exactResult{task: id, kind: "chat", call: i}
-	hangAt := -1
+	hangsUp := a.hanger(id, i)
 	var hdr *http.Response
 	p := openai.ChatCompletionNewParams{Model: d.Body.OpenAI.Model,
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
@@ -866,10 +879,7 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 	var usage openai.CompletionUsage
 	finish, lastFinish := "", false
 	for events := 0; stream.Next(); events++ {
-		if events == 0 {
-			hangAt = a.hangAt(id, i)
-		}
-		if events == hangAt {
+		if hangsUp(events) {
 			// The agent hangs up: the provider has the prompt and goes on.
 			hangUp()
 			_ = stream.Close()
@@ -919,7 +929,7 @@ func (a *exactAgent) call(ctx context.Context, d delivery, i int) exactResult {
 
 func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c openai.Client, id string, i int, prompt string, asked int64) exactResult {
 	res := exactResult{task: id, kind: "responses", call: i}
-	hangAt := -1
+	hangsUp := a.hanger(id, i)
 	var hdr *http.Response
 	stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: a.model,
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}, MaxOutputTokens: openai.Int(asked)},
@@ -932,10 +942,7 @@ func (a *exactAgent) responses(ctx context.Context, hangUp context.CancelFunc, c
 	var final responses.Response
 	last := ""
 	for events := 0; stream.Next(); events++ {
-		if events == 0 {
-			hangAt = a.hangAt(id, i)
-		}
-		if events == hangAt {
+		if hangsUp(events) {
 			hangUp()
 			_ = stream.Close()
 			res.abandoned, res.read = true, exactPromptTokens(a.model)[i]+pieces
