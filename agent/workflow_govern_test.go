@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,58 +19,6 @@ import (
 	"faregate/protect/kit/testkit/redistest"
 	"faregate/protect/ratelimit"
 )
-
-// roundHook counts a client's commands and the sequential round trips
-// they make: a command's round is one more than the highest round of the
-// commands that had finished when it started, so commands sent at once
-// share a round. Each command is held for hold after its reply, which
-// makes "at once" (started within hold of each other) independent of how
-// fast the machine schedules goroutines.
-type roundHook struct {
-	hold time.Duration
-
-	mu       sync.Mutex
-	finished int // highest round of the finished commands
-	rounds   int // highest round assigned
-	base     int // rounds at the last mark
-	commands int
-	names    []string
-}
-
-func (h *roundHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *roundHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		round := h.finished + 1
-		h.rounds = max(h.rounds, round)
-		h.commands++
-		h.names = append(h.names, cmd.Name())
-		h.mu.Unlock()
-		err := next(ctx, cmd)
-		simulateLatency(h.hold) // the hook's own hold (see roundHook)
-		h.mu.Lock()
-		h.finished = max(h.finished, round)
-		h.mu.Unlock()
-		return err
-	}
-}
-
-func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		return h.ProcessHook(func(ctx context.Context, _ redis.Cmder) error { return next(ctx, cmds) })(ctx, cmds[0])
-	}
-}
-
-// mark returns the rounds and commands since the last mark. All earlier
-// commands have finished when it is called (it marks the upstream call).
-func (h *roundHook) mark() (rounds, commands int, names []string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	rounds, commands, names = h.rounds-h.base, h.commands, h.names
-	h.base, h.commands, h.names = h.rounds, 0, nil
-	return rounds, commands, names
-}
 
 // governedRig is the built-in governed call on the real budget, ledger and
 // rate limiter (principal bucket and site pacing on), on client rdb.
@@ -132,26 +79,6 @@ func TestGovernedCallRoundTrips(t *testing.T) {
 	for _, tg := range targets {
 		t.Run(tg.name, func(t *testing.T) {
 			rdb := tg.rdb(t)
-			h := &roundHook{hold: 100 * time.Millisecond}
-			g, spec := governedRig(rdb)
-			// A first call loads the scripts (EVALSHA, NOSCRIPT, EVAL), then
-			// the counting starts.
-			if _, err := g.Call(context.Background(), spec, reported); err != nil {
-				t.Fatal(err)
-			}
-			rdb.AddHook(h)
-			var before, beforeCmds int
-			var beforeNames []string
-			out, err := g.Call(context.Background(), spec, func(ctx context.Context, a govern.Attempt) (govern.Outcome, error) {
-				before, beforeCmds, beforeNames = h.mark()
-				return reported(ctx, a)
-			})
-			if err != nil || out.Charged.Prompt != 480 {
-				t.Fatalf("call: %+v, %v", out, err)
-			}
-			after, afterCmds, afterNames := h.mark()
-			t.Logf("before the upstream call: %d round trips, %d commands %v; after: %d round trips, %d commands %v",
-				before, beforeCmds, beforeNames, after, afterCmds, afterNames)
 			// On a cluster the reservation and its settle are a script in
 			// each slot they touch, sent together: the principal's bucket
 			// of the budget and, per call while leases are off, the day's
@@ -160,6 +87,29 @@ func TestGovernedCallRoundTrips(t *testing.T) {
 			if tg.name == "cluster" {
 				parts = 2
 			}
+			h := &redistest.Rounds{}
+			g, spec := governedRig(rdb)
+			// A first call loads the scripts (EVALSHA, NOSCRIPT, EVAL), then
+			// the counting starts.
+			if _, err := g.Call(context.Background(), spec, reported); err != nil {
+				t.Fatal(err)
+			}
+			rdb.AddHook(h)
+			var before int
+			var beforeNames []string
+			h.Expect(2 + parts)
+			out, err := g.Call(context.Background(), spec, func(ctx context.Context, a govern.Attempt) (govern.Outcome, error) {
+				before, beforeNames, _ = h.Mark()
+				h.Expect(2 + parts)
+				return reported(ctx, a)
+			})
+			if err != nil || out.Charged.Prompt != 480 {
+				t.Fatalf("call: %+v, %v", out, err)
+			}
+			after, afterNames, _ := h.Mark()
+			beforeCmds, afterCmds := len(beforeNames), len(afterNames)
+			t.Logf("before the upstream call: %d round trips, %d commands %v; after: %d round trips, %d commands %v",
+				before, beforeCmds, beforeNames, after, afterCmds, afterNames)
 			if after != 1 || afterCmds != 2+parts {
 				t.Fatalf("after the upstream call: %d round trips of %d commands; want the settle (with the ledger, %d scripts), the site's turn and the principal's bucket in 1", after, afterCmds, parts)
 			}

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -192,56 +191,6 @@ func (r *endpointRig) post(tb testing.TB, client *http.Client, body string) {
 	}
 }
 
-// rounds counts a client's sequential round trips: a command's round is
-// one more than the highest round of the commands that had finished when
-// it started, so commands sent at once share a round. Each is held for
-// hold after its reply, which makes "at once" independent of how fast a
-// busy machine schedules goroutines (agent's TestGovernedCallRoundTrips
-// counts the same way).
-type rounds struct {
-	hold time.Duration
-
-	mu       sync.Mutex
-	finished int
-	highest  int
-	base     int
-	names    []string
-	// pipelines counts the writes that carried more than one command.
-	pipelines int
-}
-
-func (h *rounds) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *rounds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		round := h.finished + 1
-		h.highest = max(h.highest, round)
-		h.names = append(h.names, nameOf(cmd))
-		h.mu.Unlock()
-		err := next(ctx, cmd)
-		letTimePass(h.hold) // widens "at once"; the count does not depend on it
-		h.mu.Lock()
-		h.finished = max(h.finished, round)
-		h.mu.Unlock()
-		return err
-	}
-}
-
-// ProcessPipelineHook counts a pipeline as one command of one round, and
-// names its commands.
-func (h *rounds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.mu.Lock()
-		h.pipelines++
-		for _, c := range cmds[1:] {
-			h.names = append(h.names, nameOf(c))
-		}
-		h.mu.Unlock()
-		return h.ProcessHook(func(ctx context.Context, _ redis.Cmder) error { return next(ctx, cmds) })(ctx, cmds[0])
-	}
-}
-
 // nameOf names a command, a script by its keys.
 func nameOf(cmd redis.Cmder) string {
 	name := cmd.Name()
@@ -266,16 +215,6 @@ func keysOf(cmd redis.Cmder) []string {
 		out = append(out, s)
 	}
 	return out
-}
-
-// mark returns the rounds and commands since the last mark; every earlier
-// command has finished when it is called.
-func (h *rounds) mark() (n int, names []string, pipelines int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n, names, pipelines = h.highest-h.base, h.names, h.pipelines
-	h.base, h.names, h.pipelines = h.highest, nil, 0
-	return n, names, pipelines
 }
 
 // TestGovernedEndpointRoundTrips counts the Redis round trips on the
@@ -304,13 +243,21 @@ func TestGovernedEndpointRoundTrips(t *testing.T) {
 	for _, tg := range targets {
 		t.Run(tg.name, func(t *testing.T) {
 			rdb := tg.rdb(t)
-			h := &rounds{hold: 100 * time.Millisecond}
+			// On a cluster the reservation and its settle are a script in
+			// each slot they touch, sent together: the principal's bucket
+			// of the budget and, per call while leases are off, the day's.
+			parts := 1
+			if tg.name == "cluster" {
+				parts = 2
+			}
+			h := &redistest.Rounds{Name: nameOf}
 			var before, beforePipes int
 			var beforeNames []string
 			counting := false
 			rig := newEndpointRig(t, rdb, func(w http.ResponseWriter, r *http.Request) {
 				if counting {
-					before, beforeNames, beforePipes = h.mark()
+					before, beforeNames, beforePipes = h.Mark()
+					h.Expect(4 + parts)
 				}
 				answerJSON(w, r)
 			}, 4)
@@ -323,18 +270,12 @@ func TestGovernedEndpointRoundTrips(t *testing.T) {
 			<-done
 			rdb.AddHook(h)
 			counting = true
+			h.Expect(3 + parts)
 			rig.post(t, client, endpointBody)
 			<-done
-			after, afterNames, afterPipes := h.mark()
+			after, afterNames, afterPipes := h.Mark()
 			t.Logf("before the upstream call: %d round trips (%d pipelines) %v; after: %d round trips (%d pipelines) %v",
 				before, beforePipes, beforeNames, after, afterPipes, afterNames)
-			// On a cluster the reservation and its settle are a script in
-			// each slot they touch, sent together: the principal's bucket
-			// of the budget and, per call while leases are off, the day's.
-			parts := 1
-			if tg.name == "cluster" {
-				parts = 2
-			}
 			if before != 1 || len(beforeNames) != 3+parts {
 				t.Fatalf("before the upstream call: %d round trips of %d commands; want the slot, the bucket, the reservation (%d scripts) and the site's turn in 1", before, len(beforeNames), parts)
 			}
